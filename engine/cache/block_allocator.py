@@ -1,0 +1,54 @@
+"""Reference-counted allocator over the fixed pool of KV-cache blocks.
+
+Every holder of a block (a running sequence, the prefix cache) owns one
+reference; a block returns to the free list when its last reference goes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+
+class NoFreeBlocksError(RuntimeError):
+    """The pool cannot satisfy an allocation; the caller should wait, evict or preempt."""
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.num_blocks = num_blocks
+        self._refcounts = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def refcount(self, block: int) -> int:
+        return self._refcounts[block]
+
+    def allocate(self, n: int) -> list[int]:
+        """Take ``n`` free blocks, each with one reference, or raise without taking any."""
+        if n > len(self._free):
+            raise NoFreeBlocksError(f"need {n} blocks, {len(self._free)} free")
+        blocks = [self._free.popleft() for _ in range(n)]
+        for b in blocks:
+            self._refcounts[b] = 1
+        return blocks
+
+    def incref(self, blocks: Iterable[int]) -> None:
+        for b in blocks:
+            if self._refcounts[b] <= 0:
+                raise ValueError(f"block {b} is free; cannot share it")
+            self._refcounts[b] += 1
+
+    def decref(self, blocks: Iterable[int]) -> None:
+        """Drop one reference from each block; blocks reaching zero become free."""
+        for b in blocks:
+            if self._refcounts[b] <= 0:
+                raise ValueError(f"block {b} is already free")
+            self._refcounts[b] -= 1
+            if self._refcounts[b] == 0:
+                self._free.append(b)
