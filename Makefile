@@ -38,6 +38,7 @@ $(UP_STAMP): pyproject.toml $(VENV)/bin/python
 $(TEST_STAMP): pyproject.toml $(VENV)/bin/python
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[test]' ruff
+	$(PIP) --no-deps docker-compose==1.29.2  # only for its Compose JSON schema (tests/test_compose_schema.py)
 	$(install_servers)
 	touch $@ $(UP_STAMP)
 
