@@ -1,0 +1,245 @@
+"""W4A16 matmul: ``y = x @ W.T`` with W stored as 4-bit codes, dequantized inside the kernel.
+
+Layout (chosen for the kernel, produced once at load time by :func:`pack_int4`):
+
+- ``qweight``: int32 ``[K_pad // 8, N]``. Word ``[r, n]`` holds the codes of rows ``k = 8r .. 8r+7``
+  of output column ``n``, code ``k % 8`` in bits ``4 * (k % 8)``. Neighbouring output columns are
+  neighbouring words, so a tile load is one wide, coalesced read per packed row.
+- ``scales`` and ``mins``: fp16 ``[K_pad // G, N]``; the weight is ``w = code * scale + min``.
+  This form covers asymmetric AWQ/RTN (``min = -zero * scale``) and GGUF Q4_0/Q4_1 exactly.
+- ``K_pad`` is ``K`` rounded up to the group size ``G`` (32, 64 or 128); the padding rows are never
+  read against real activations because activation loads are masked at ``K``.
+
+One kernel serves two launch shapes:
+
+- **decode** (``M <= 16``): a 16-row tile, split-K over the grid's second axis, fp32 partial sums
+  combined with ``atomic_add``. Batch-1..16 decode is bound by reading the weight once; split-K
+  gives enough programs to fill the GPU when ``N`` alone is too small.
+- **GEMM** (larger ``M``): classic ``BLOCK_M x BLOCK_N`` tiles, no split, direct store.
+
+The dequantized tile is fed to ``tl.dot`` with fp32 accumulation. On a GPU both paths autotune;
+in the CPU interpreter a fixed config is used (autotune needs a driver) and the dot runs in fp32
+(the interpreter's bf16 dot is wrong, see docs/quantization.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.kernels import INTERPRET
+
+DECODE_MAX_M = 16
+SUPPORTED_GROUP_SIZES = (32, 64, 128)
+
+
+@triton.jit
+def _int4_matmul_kernel(
+    x_ptr,
+    qweight_ptr,
+    scales_ptr,
+    mins_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_om,
+    M_BUCKET,  # only an autotune key: next power of two of M
+    GROUP_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
+    ATOMIC_OUT: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+):
+    pid_mn = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid_mn // num_pid_n
+    pid_n = pid_mn % num_pid_n
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_packed = tl.arange(0, BLOCK_K // 8)
+    shifts = (tl.arange(0, 8) * 4)[None, :, None]
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_per_split = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        ks = k0 + offs_k
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
+            mask=mask_m[:, None] & (ks[None, :] < K),
+            other=0.0,
+        )
+        # BLOCK_K divides GROUP_SIZE and K_pad is a multiple of GROUP_SIZE: packed rows are in bounds.
+        packed = tl.load(
+            qweight_ptr + (k0 // 8 + offs_packed)[:, None] * N + offs_n[None, :],
+            mask=mask_n[None, :],
+            other=0,
+        )
+        codes = tl.reshape((packed[:, None, :] >> shifts) & 0xF, (BLOCK_K, BLOCK_N))
+        group = k0 // GROUP_SIZE
+        scale = tl.load(scales_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        minimum = tl.load(mins_ptr + group * N + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        w = codes.to(tl.float32) * scale[None, :] + minimum[None, :]
+        if DOT_FP32:
+            acc = tl.dot(x.to(tl.float32), w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, w.to(x.dtype), acc)
+
+    out_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    out_mask = mask_m[:, None] & mask_n[None, :]
+    if ATOMIC_OUT:
+        tl.atomic_add(out_ptrs, acc, mask=out_mask)
+    else:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def _prune_configs(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
+    group_size = kwargs.get("GROUP_SIZE", named_args.get("GROUP_SIZE"))
+    return [c for c in configs if group_size % c.kwargs["BLOCK_K"] == 0]
+
+
+def _decode_configs() -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=w, num_stages=s)
+        for bn in (32, 64, 128)
+        for bk in (32, 64, 128)
+        for sk in (1, 2, 4, 8, 16)
+        for w, s in ((4, 3), (4, 4), (8, 4))
+    ]
+
+
+def _gemm_configs() -> list[triton.Config]:
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1}, num_warps=w, num_stages=s)
+        for bm, bn in ((32, 64), (64, 64), (64, 128), (128, 64), (128, 128))
+        for bk in (32, 64, 128)
+        for w, s in ((4, 3), (8, 3), (4, 4))
+    ]
+
+
+@functools.cache
+def _tuned_kernel(decode: bool) -> triton.runtime.Autotuner:
+    """Autotuned variants, built lazily: constructing an autotuner needs a GPU driver."""
+    return triton.autotune(
+        configs=_decode_configs() if decode else _gemm_configs(),
+        key=["M_BUCKET", "N", "K", "GROUP_SIZE"],
+        prune_configs_by={"early_config_prune": _prune_configs},
+        reset_to_zero=["out_ptr"] if decode else None,
+    )(_int4_matmul_kernel)
+
+
+def _interpreter_config(m: int, group_size: int) -> dict[str, int]:
+    block_k = min(32, group_size)
+    if m <= DECODE_MAX_M:
+        return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": block_k, "SPLIT_K": 2}
+    return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": block_k, "SPLIT_K": 1}
+
+
+def int4_matmul(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """``x[..., K] @ W.T -> [..., N]`` in ``x.dtype``, W given in the packed layout of this module."""
+    k = x.shape[-1]
+    n = qweight.shape[1]
+    _check_layout(k, qweight, scales, mins, group_size)
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    decode = m <= DECODE_MAX_M
+    out = torch.zeros((m, n), device=x.device, dtype=torch.float32) if decode else x.new_empty((m, n))
+    if m == 0:
+        return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+    def grid(meta: dict) -> tuple[int, int]:
+        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
+
+    args = (x2, qweight, scales, mins, out, m, n, k, x2.stride(0), out.stride(0))
+    common = {
+        "M_BUCKET": triton.next_power_of_2(m),
+        "GROUP_SIZE": group_size,
+        "ATOMIC_OUT": decode,
+        "DOT_FP32": INTERPRET or x.dtype == torch.float32,
+    }
+    if INTERPRET:
+        cfg = _interpreter_config(m, group_size)
+        _int4_matmul_kernel[grid(cfg)](*args, **common, **cfg, num_warps=4)
+    else:
+        _tuned_kernel(decode)[grid](*args, **common)
+    return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def _check_layout(
+    k: int, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int
+) -> None:
+    if group_size not in SUPPORTED_GROUP_SIZES:
+        raise ValueError(f"group_size must be one of {SUPPORTED_GROUP_SIZES}, got {group_size}")
+    k_pad = qweight.shape[0] * 8
+    if qweight.dtype != torch.int32 or k_pad % group_size or not k <= k_pad < k + group_size:
+        raise ValueError(f"qweight {tuple(qweight.shape)} {qweight.dtype} does not fit K={k}, G={group_size}")
+    expected = (k_pad // group_size, qweight.shape[1])
+    if tuple(scales.shape) != expected or tuple(mins.shape) != expected:
+        raise ValueError(f"scales/mins must be {expected}, got {tuple(scales.shape)}, {tuple(mins.shape)}")
+
+
+# -- layout conversion and reference ----------------------------------------------------------------
+
+
+def pack_int4(
+    codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Codes ``[N, K]`` (0..15) and per-group ``scales``/``mins`` ``[N, ceil(K/G)]`` -> kernel layout."""
+    n, k = codes.shape
+    num_groups = triton.cdiv(k, group_size)
+    if tuple(scales.shape) != (n, num_groups) or tuple(mins.shape) != (n, num_groups):
+        raise ValueError(f"scales/mins must be {(n, num_groups)}")
+    k_pad = num_groups * group_size
+    padded = torch.zeros((k_pad, n), dtype=torch.int32, device=codes.device)
+    padded[:k] = codes.t().to(torch.int32)
+    nibbles = padded.reshape(k_pad // 8, 8, n)
+    qweight = torch.zeros((k_pad // 8, n), dtype=torch.int32, device=codes.device)
+    for j in range(8):
+        qweight |= nibbles[:, j] << (4 * j)
+    return (
+        qweight.contiguous(),
+        scales.t().to(torch.float16).contiguous(),
+        mins.t().to(torch.float16).contiguous(),
+    )
+
+
+def unpack_int4_codes(qweight: torch.Tensor) -> torch.Tensor:
+    """Kernel-layout ``qweight [K_pad/8, N]`` -> codes ``[K_pad, N]`` as uint8."""
+    shifts = torch.arange(0, 32, 4, device=qweight.device, dtype=torch.int32)
+    codes = (qweight[:, None, :] >> shifts[None, :, None]) & 0xF
+    return codes.reshape(-1, qweight.shape[1]).to(torch.uint8)
+
+
+def dequantize_int4(
+    qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int, k: int
+) -> torch.Tensor:
+    """Kernel layout -> fp32 weight ``[N, K]`` (the ``nn.Linear`` orientation)."""
+    codes = unpack_int4_codes(qweight).to(torch.float32)
+    scale = scales.to(torch.float32).repeat_interleave(group_size, dim=0)
+    minimum = mins.to(torch.float32).repeat_interleave(group_size, dim=0)
+    return (codes * scale + minimum)[:k].t()
+
+
+def int4_matmul_ref(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """Plain-torch reference for :func:`int4_matmul`: dequantize, fp32 matmul, cast back."""
+    w = dequantize_int4(qweight, scales, mins, group_size, x.shape[-1])
+    return (x.to(torch.float32) @ w.t()).to(x.dtype)
