@@ -6,31 +6,12 @@ so status codes and bodies stay consistent across domains.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import ORJSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-_TYPE_BY_STATUS = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "insufficient_quota",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
-
-
-def error_body(
-    message: str, *, status: int, param: str | None = None, code: str | None = None, type: str | None = None
-) -> dict[str, Any]:
-    err_type = type or _TYPE_BY_STATUS.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+from engine.openai_protocol import describe_validation_errors, error_body
 
 
 class OpenAIError(Exception):
@@ -58,16 +39,7 @@ class OpenAIError(Exception):
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
-    first = exc.errors()[0] if exc.errors() else {}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path")]
-    param = ".".join(loc) or None
-    kind = first.get("type", "")
-    if kind == "json_invalid":
-        return "Request body is not valid JSON.", None
-    if kind == "extra_forbidden":
-        return f"Unrecognized request argument supplied: {param}", param
-    msg = first.get("msg", "Invalid request.")
-    return (f"{param}: {msg}" if param else msg), param
+    return describe_validation_errors(list(exc.errors()))
 
 
 def install_error_handlers(app: FastAPI) -> None:
