@@ -1,0 +1,1 @@
+"""Audit log: one row per admin mutation."""

@@ -1,0 +1,77 @@
+"""Gateway settings, read from ``TERN_*`` environment variables (and ``DATABASE_URL`` / ``REDIS_URL``)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+KEY_CACHE_MAX_TTL_S = 0.9
+"""Revocation must reach every process within 1 s, so no cache entry may live longer than this."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TERN_", populate_by_name=True, extra="ignore")
+
+    database_url: str = Field(
+        "postgresql+asyncpg://postgres@127.0.0.1:5432/tern",
+        validation_alias=AliasChoices("TERN_DATABASE_URL", "DATABASE_URL", "database_url"),
+    )
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("TERN_REDIS_URL", "REDIS_URL", "redis_url"),
+    )
+    secret: SecretStr | None = Field(None, description="HMAC key for API key hashes (TERN_SECRET).")
+    admin_key: SecretStr | None = Field(None, description="Bootstrap platform admin key (TERN_ADMIN_KEY).")
+    engine_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    key_cache_ttl_s: float = Field(0.5, ge=0, le=KEY_CACHE_MAX_TTL_S)
+    key_last_used_interval_s: float = Field(60.0, ge=0)
+    db_pool_size: int = Field(10, gt=0)
+    log_level: str = "INFO"
+    log_json: bool = True
+
+    # Upstream engines (used by gateway.proxy).
+    engine_health_interval_s: float = Field(2.0, gt=0)
+    engine_connect_timeout_s: float = Field(5.0, gt=0)
+    engine_request_timeout_s: float = Field(600.0, gt=0)
+
+    @field_validator("database_url")
+    @classmethod
+    def _asyncpg_driver(cls, url: str) -> str:
+        """Accept the plain ``postgresql://`` form too; the gateway always talks asyncpg."""
+        for plain in ("postgresql://", "postgres://"):
+            if url.startswith(plain):
+                return "postgresql+asyncpg://" + url[len(plain) :]
+        return url
+
+    @field_validator("engine_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip().rstrip("/") for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("admin_key")
+    @classmethod
+    def _admin_key_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("TERN_ADMIN_KEY must be at least 32 characters")
+        return value
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("TERN_SECRET must be at least 16 characters")
+        return value
+
+    def secret_bytes(self) -> bytes:
+        """The HMAC key; the gateway refuses to start without one."""
+        if self.secret is None:
+            raise RuntimeError("TERN_SECRET is not set; the gateway needs it to hash API keys.")
+        return self.secret.get_secret_value().encode()

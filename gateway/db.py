@@ -1,0 +1,82 @@
+"""PostgreSQL access: the declarative base, the async engine, request sessions and migrations.
+
+The schema is created only by Alembic (``migrations/``); the models here describe it for queries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy import MetaData
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase
+
+from gateway.config import Settings
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def create_db_engine(settings: Settings) -> AsyncEngine:
+    return create_async_engine(
+        settings.database_url,
+        pool_size=settings.db_pool_size,
+        max_overflow=settings.db_pool_size,
+        pool_pre_ping=True,
+    )
+
+
+def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+    """One session per request; services commit their own transactions."""
+    async with request.app.state.sessionmaker() as session:
+        yield session
+
+
+DbSession = Annotated[AsyncSession, Depends(get_session)]
+
+
+def all_models() -> None:
+    """Import every domain's models so ``Base.metadata`` is complete (Alembic, schema checks)."""
+    import gateway.audit.models
+    import gateway.keys.models
+    import gateway.tenants.models  # noqa: F401
+
+
+def alembic_config(database_url: str):  # -> alembic.config.Config (alembic imported lazily)
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
+    return config
+
+
+def upgrade_database(database_url: str, revision: str = "head") -> None:
+    """Run ``alembic upgrade`` programmatically (``tern migrate``). Call from sync code only."""
+    from alembic import command
+
+    command.upgrade(alembic_config(database_url), revision)
+
+
+def downgrade_database(database_url: str, revision: str = "base") -> None:
+    from alembic import command
+
+    command.downgrade(alembic_config(database_url), revision)

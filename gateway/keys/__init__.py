@@ -1,0 +1,1 @@
+"""API keys: format, HMAC storage, authentication with a short revocation-safe cache."""

@@ -1,0 +1,1 @@
+"""Tenants: the organisations whose applications call models through the gateway."""
