@@ -1,0 +1,161 @@
+"""httpx versus aiohttp for the gateway -> engine hop.
+
+Starts a tiny local uvicorn upstream in a subprocess (so the client and the
+server do not share a GIL), then drives it with each client at a fixed
+concurrency through one pooled client, and prints JSON with requests per
+second. Two shapes: a unary JSON call and an NDJSON stream like
+``/rpc/v1/generate``.
+
+    python -m gateway.bench.upstream_client --concurrency 64 --requests 3000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import httpx
+
+STREAM_LINES = 16
+_BODY = json.dumps(
+    {"request_id": "bench", "prompt": "hello", "sampling": {"max_tokens": STREAM_LINES}}
+).encode()
+
+
+async def upstream_app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+    """A raw ASGI upstream: ``/unary`` answers JSON, ``/stream`` answers NDJSON lines."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    if scope["path"] == "/stream":
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/x-ndjson")],
+            }
+        )
+        for i in range(STREAM_LINES):
+            line = b'{"type":"delta","text":"tok%d","token_ids":[%d]}\n' % (i, i)
+            await send({"type": "http.response.body", "body": line, "more_body": True})
+        final = b'{"type":"final","finish_reason":"length","prompt_tokens":1,"completion_tokens":16}\n'
+        await send({"type": "http.response.body", "body": final, "more_body": False})
+        return
+    body = b'{"status":"ok"}'
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_upstream(port: int) -> subprocess.Popen[bytes]:
+    code = (
+        "import uvicorn; from gateway.bench.upstream_client import upstream_app; "
+        f"uvicorn.run(upstream_app, host='127.0.0.1', port={port}, log_level='error', "
+        "access_log=False, http='httptools', loop='uvloop')"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("upstream did not start")
+
+
+async def _drive(call: Callable[[], Awaitable[None]], *, concurrency: int, requests: int) -> float:
+    """Run ``requests`` calls with ``concurrency`` workers; return requests per second."""
+    remaining = requests
+
+    async def worker() -> None:
+        nonlocal remaining
+        while remaining > 0:
+            remaining -= 1
+            await call()
+
+    for _ in range(min(concurrency, 50)):  # warm up the pool
+        await call()
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return requests / (time.perf_counter() - start)
+
+
+async def bench_httpx(base: str, *, stream: bool, concurrency: int, requests: int) -> float:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+
+        async def call() -> None:
+            if stream:
+                async with client.stream("POST", "/stream", content=_BODY) as resp:
+                    async for _ in resp.aiter_lines():
+                        pass
+            else:
+                resp = await client.post("/unary", content=_BODY)
+                resp.json()
+
+        return await _drive(call, concurrency=concurrency, requests=requests)
+
+
+async def bench_aiohttp(base: str, *, stream: bool, concurrency: int, requests: int) -> float:
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(base_url=base, connector=connector) as session:
+
+        async def call() -> None:
+            if stream:
+                async with session.post("/stream", data=_BODY) as resp:
+                    async for _ in resp.content:
+                        pass
+            else:
+                async with session.post("/unary", data=_BODY) as resp:
+                    await resp.json()
+
+        return await _drive(call, concurrency=concurrency, requests=requests)
+
+
+async def run(*, concurrency: int, requests: int) -> dict[str, Any]:
+    port = _free_port()
+    proc = start_upstream(port)
+    base = f"http://127.0.0.1:{port}"
+    results: dict[str, Any] = {"concurrency": concurrency, "requests": requests, "cpus": os.cpu_count()}
+    try:
+        for shape in ("unary", "stream"):
+            stream = shape == "stream"
+            for name, bench in (("httpx", bench_httpx), ("aiohttp", bench_aiohttp)):
+                rps = await bench(base, stream=stream, concurrency=concurrency, requests=requests)
+                results[f"{name}_{shape}_rps"] = round(rps, 1)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    results["versions"] = {"httpx": httpx.__version__, "aiohttp": aiohttp.__version__}
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--requests", type=int, default=3000)
+    args = parser.parse_args(argv)
+    print(json.dumps(asyncio.run(run(concurrency=args.concurrency, requests=args.requests)), indent=2))
+
+
+if __name__ == "__main__":
+    main()
