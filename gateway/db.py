@@ -57,7 +57,10 @@ def all_models() -> None:
     """Import every domain's models so ``Base.metadata`` is complete (Alembic, schema checks)."""
     import gateway.audit.models
     import gateway.keys.models
-    import gateway.tenants.models  # noqa: F401
+    import gateway.limits.models
+    import gateway.reports.models
+    import gateway.tenants.models
+    import gateway.usage.models  # noqa: F401
 
 
 def alembic_config(database_url: str):  # -> alembic.config.Config (alembic imported lazily)

@@ -1,0 +1,100 @@
+"""The per-process fallback used while Redis is unreachable by keys whose policy is fail-open.
+
+Same algorithm as ``scripts/admit.lua`` (sliding logs, slots with expiry) but in memory, with every
+rate limit divided by the number of gateway replicas so the fleet as a whole stays near the limit.
+Budgets are not divided: they are checked against the last counts this process saw (or Postgres).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from gateway.limits.schemas import Scope
+
+
+@dataclass(slots=True)
+class Denial:
+    scope: Scope
+    reason: str
+    retry_after_ms: int
+
+
+@dataclass(slots=True)
+class _Window:
+    log: deque[tuple[float, str]] = field(default_factory=deque)
+    tokens: dict[str, int] = field(default_factory=dict)
+    total: int = 0
+    slots: dict[str, float] = field(default_factory=dict)
+
+
+def local_share(limit: int | None, replicas: int) -> int | None:
+    """This process's part of a fleet-wide limit; at least 1 so a small limit still admits."""
+    if limit is None:
+        return None
+    return max(1, limit // replicas) if limit > 0 else 0
+
+
+class LocalLimiter:
+    def __init__(self, *, window_s: float, slot_ttl_s: float, replicas: int) -> None:
+        self.window_s = window_s
+        self.slot_ttl_s = slot_ttl_s
+        self.replicas = replicas
+        self._windows: dict[str, _Window] = {}
+
+    def _prune(self, w: _Window, now: float) -> None:
+        cutoff = now - self.window_s
+        while w.log and w.log[0][0] <= cutoff:
+            _, rid = w.log.popleft()
+            w.total -= w.tokens.pop(rid, 0)
+        for rid in [rid for rid, expiry in w.slots.items() if expiry <= now]:
+            del w.slots[rid]
+
+    def admit(
+        self,
+        *,
+        admission_id: str,
+        scopes: tuple[Scope, ...],
+        reserve: int,
+        budget_used: dict[str, tuple[int, int]],
+    ) -> Denial | None:
+        """Admit against every scope or none; ``budget_used`` maps scope name to (tokens, spend nano)."""
+        now = time.monotonic()
+        for scope in scopes:
+            tokens_used, spend_used = budget_used.get(scope.name, (0, 0))
+            if scope.monthly_tokens is not None and tokens_used >= scope.monthly_tokens:
+                return Denial(scope, "token_budget", 0)
+            if scope.monthly_spend is not None and spend_used >= scope.script_args()[4]:
+                return Denial(scope, "spend_budget", 0)
+            w = self._windows.setdefault(scope.name, _Window())
+            self._prune(w, now)
+            rpm = local_share(scope.rpm, self.replicas)
+            tpm = local_share(scope.tpm, self.replicas)
+            conc = local_share(scope.concurrency, self.replicas)
+            if rpm is not None and len(w.log) >= rpm:
+                retry = w.log[len(w.log) - rpm][0] + self.window_s - now if rpm > 0 else self.window_s
+                return Denial(scope, "rpm", int(retry * 1000))
+            if tpm is not None and w.total + reserve > tpm:
+                return Denial(scope, "tpm_too_large" if reserve > tpm else "tpm", int(self.window_s * 1000))
+            if conc is not None and len(w.slots) >= conc:
+                return Denial(scope, "concurrency", 1000)
+        for scope in scopes:
+            w = self._windows[scope.name]
+            w.log.append((now, admission_id))
+            w.tokens[admission_id] = reserve
+            w.total += reserve
+            if scope.concurrency is not None:
+                w.slots[admission_id] = now + self.slot_ttl_s
+        return None
+
+    def settle(self, *, admission_id: str, scopes: tuple[Scope, ...], tokens: int) -> None:
+        for scope in scopes:
+            w = self._windows.get(scope.name)
+            if w is None:
+                continue
+            reserved = w.tokens.get(admission_id)
+            if reserved is not None:
+                w.tokens[admission_id] = tokens
+                w.total += tokens - reserved
+            w.slots.pop(admission_id, None)

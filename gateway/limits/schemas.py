@@ -1,0 +1,168 @@
+"""What a request is limited by, and what admission decided."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.limits.config import FailurePolicy
+
+NANO = Decimal(10) ** 9
+"""Spend is kept in Redis as integer nano-units of the price currency: no floats near money."""
+
+ScopeKind = Literal["key", "tenant", "key_model", "tenant_model"]
+
+
+def to_nano(amount: Decimal) -> int:
+    return int((amount * NANO).to_integral_value())
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One thing a request counts against (a key, a tenant, or either for one model).
+
+    ``None`` means "no limit" for every field.
+    """
+
+    kind: ScopeKind
+    id: str
+    label: str
+    model: str | None = None
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrency: int | None = None
+    monthly_tokens: int | None = None
+    monthly_spend: Decimal | None = None
+
+    @property
+    def name(self) -> str:
+        base = f"{self.kind.split('_')[0]}:{self.id}"
+        return f"{base}:model:{self.model}" if self.model is not None else base
+
+    @property
+    def has_budget(self) -> bool:
+        return self.monthly_tokens is not None or self.monthly_spend is not None
+
+    @property
+    def is_limited(self) -> bool:
+        return self.has_budget or any(v is not None for v in (self.rpm, self.tpm, self.concurrency))
+
+    def redis_keys(self, month: str) -> list[str]:
+        """Request log, token hash, concurrency slots, month budget counters (admit.lua's order)."""
+        prefix = f"tern:rl:{self.name}"
+        return [f"{prefix}:req", f"{prefix}:tok", f"{prefix}:slots", f"tern:budget:{self.name}:{month}"]
+
+    def script_args(self) -> list[int]:
+        def n(value: int | None) -> int:
+            return -1 if value is None else value
+
+        spend = -1 if self.monthly_spend is None else to_nano(self.monthly_spend)
+        return [n(self.rpm), n(self.tpm), n(self.concurrency), n(self.monthly_tokens), spend]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """Everything admission needs to know about one request's key."""
+
+    scopes: tuple[Scope, ...]
+    failure_policy: FailurePolicy
+
+
+@dataclass(slots=True)
+class WindowState:
+    """One dimension (requests or tokens) of the tightest scope, for the rate-limit headers."""
+
+    limit: int
+    remaining: int
+    reset_ms: int
+
+
+@dataclass(slots=True)
+class Admission:
+    """A request that was let in; settle it exactly once when it ends."""
+
+    admission_id: str
+    limits: RequestLimits
+    month: str
+    reserved_tokens: int
+    backend: Literal["redis", "local", "none"]
+    requests: WindowState | None = None
+    tokens: WindowState | None = None
+    settled: bool = field(default=False)
+
+    def headers(self) -> dict[str, str]:
+        return rate_limit_headers(self.requests, self.tokens)
+
+
+def format_reset(ms: int) -> str:
+    """OpenAI's duration style: ``20ms``, ``1.5s``, ``6m0s``."""
+    ms = max(0, int(ms))
+    if ms < 1000:
+        return f"{ms}ms"
+    minutes, rest_ms = divmod(ms, 60_000)
+    seconds = f"{rest_ms / 1000:.3f}".rstrip("0").rstrip(".")
+    return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
+
+
+def retry_after_seconds(ms: int) -> str:
+    return str(max(1, math.ceil(ms / 1000)))
+
+
+def rate_limit_headers(requests: WindowState | None, tokens: WindowState | None) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for suffix, state in (("requests", requests), ("tokens", tokens)):
+        if state is not None:
+            headers[f"x-ratelimit-limit-{suffix}"] = str(state.limit)
+            headers[f"x-ratelimit-remaining-{suffix}"] = str(max(0, state.remaining))
+            headers[f"x-ratelimit-reset-{suffix}"] = format_reset(state.reset_ms)
+    return headers
+
+
+# ---------------------------------------------------------------- admin API bodies
+
+
+class ModelLimit(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rpm: int | None = Field(None, ge=0)
+    tpm: int | None = Field(None, ge=0)
+    concurrency: int | None = Field(None, ge=0)
+
+
+class TenantLimitsBody(BaseModel):
+    """Limits on a whole tenant, across all its keys. ``null`` means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rpm_limit: int | None = Field(None, ge=0)
+    tpm_limit: int | None = Field(None, ge=0)
+    max_concurrency: int | None = Field(None, ge=0)
+    monthly_token_budget: int | None = Field(None, ge=0)
+    monthly_spend_budget: Decimal | None = Field(None, ge=0, max_digits=20, decimal_places=6)
+    model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
+
+
+class KeyLimitsBody(BaseModel):
+    """Per-key settings beyond the key's own rpm/tpm/concurrency/token budget columns."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    monthly_spend_budget: Decimal | None = Field(None, ge=0, max_digits=20, decimal_places=6)
+    failure_policy: FailurePolicy | None = Field(None, description="null: the gateway's default")
+    model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
+
+
+class TenantLimitsOut(TenantLimitsBody):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    tenant_id: str
+
+
+class KeyLimitsOut(KeyLimitsBody):
+    model_config = ConfigDict(extra="forbid", from_attributes=True)
+
+    key_id: str
