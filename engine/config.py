@@ -1,0 +1,65 @@
+"""Runtime knobs of one engine process (the model's own shape lives in ``ModelConfig``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class EngineConfig:
+    model: str | None = None
+    """Path to a Hugging Face directory or a GGUF file; None serves the default SmolLM2 GGUF."""
+    device: str = "auto"
+    """auto | cpu | cuda; auto picks CUDA when available."""
+    dtype: str = "auto"
+    """auto | float32 | float16 | bfloat16; auto is float32 on CPU and bfloat16 on CUDA."""
+    block_size: int = 16
+    """Tokens per KV-cache block (a power of two for the CUDA kernel)."""
+    kv_cache_gib: float = 1.0
+    """KV-cache budget on CPU."""
+    gpu_memory_utilization: float = 0.9
+    """Fraction of GPU memory the process may use on CUDA (weights + KV cache + activations)."""
+    num_kv_blocks: int | None = None
+    """Overrides the memory budget with an exact block count (tests, benchmarks)."""
+    max_num_seqs: int = 64
+    """Most sequences in one step's batch."""
+    max_num_batched_tokens: int = 1024
+    """Most new tokens in one step; with chunked prefill, long prompts are split to fit."""
+    max_model_len: int | None = None
+    """Prompt plus output limit; None uses the model's own, capped by the KV-cache capacity."""
+    enable_chunked_prefill: bool = True
+    enable_prefix_cache: bool = False
+    """Reuse KV blocks of earlier requests with the same prefix (the radix cache)."""
+    num_threads: int | None = None
+    """torch intra-op threads on CPU; None uses every core."""
+    served_model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.block_size <= 0 or self.block_size & (self.block_size - 1):
+            raise ValueError("block_size must be a positive power of two")
+        if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("kv_cache_gib must be positive and gpu_memory_utilization in (0, 1]")
+
+    def resolved_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda was asked for but no CUDA device is available")
+        return torch.device(self.device)
+
+    def resolved_dtype(self, device: torch.device) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return getattr(torch, self.dtype)
+
+    def resolved_num_threads(self) -> int:
+        return self.num_threads or os.cpu_count() or 1

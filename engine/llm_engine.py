@@ -1,0 +1,381 @@
+"""The engine loop: ``step()`` = schedule -> run the model -> turn sampled tokens into frames.
+
+The engine is single-threaded by design: one owner (the server's step thread,
+a benchmark, a test) calls :meth:`add_request`, :meth:`abort_request` and
+:meth:`step`. Its output is the RPC's own frames (``engine/protocol.py``), so
+the server only has to route them to the right stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.cache.block_allocator import BlockAllocator
+from engine.cache.block_manager import BlockManager
+from engine.config import EngineConfig
+from engine.metrics import EngineMetrics
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner
+from engine.protocol import (
+    DeltaFrame,
+    FinalFrame,
+    FinishReason,
+    GenerateRequest,
+    TokenLogprob,
+    TopLogprob,
+)
+from engine.sampler import SampledToken
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+from engine.stopping import StopStringMatcher
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class RequestError(ValueError):
+    """A request the engine refuses before doing any work (answered as an OpenAI error)."""
+
+    def __init__(
+        self, message: str, *, status: int = 400, code: str = "invalid_request", param: str | None = None
+    ):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.param = param
+
+
+@dataclass
+class RequestOutput:
+    """Frames produced for one request by one step; ``finished`` once the FinalFrame is among them."""
+
+    request_id: str
+    frames: list[DeltaFrame | FinalFrame] = field(default_factory=list)
+    finished: bool = False
+
+
+@dataclass(eq=False)
+class _Choice:
+    """Output-side state of one choice: text assembly and the finish reason."""
+
+    detokenizer: IncrementalDetokenizer
+    stop: StopStringMatcher
+    seq: Sequence | None = None
+    finish_reason: FinishReason | None = None
+    num_tokens: int = 0
+
+
+@dataclass(eq=False)
+class _Request:
+    request: GenerateRequest
+    prompt_token_ids: list[int]
+    choices: list[_Choice]
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def finished(self) -> bool:
+        return all(c.finish_reason is not None for c in self.choices)
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        model: torch.nn.Module,
+        tokenizer: Tokenizer,
+        model_config: ModelConfig,
+        model_name: str,
+    ) -> None:
+        self.config = config
+        self.device = config.resolved_device()
+        self.dtype = config.resolved_dtype(self.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(config.resolved_num_threads())
+        self.tokenizer = tokenizer
+        self.model_config = model_config
+        self.model_name = config.served_model_name or model_name
+        self.runner = ModelRunner(model, model_config, config, self.device, self.dtype)
+        self.block_manager = self._make_block_manager(BlockAllocator(self.runner.num_blocks))
+        capacity = self.runner.num_blocks * config.block_size
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)
+        max_batched = config.max_num_batched_tokens
+        if not config.enable_chunked_prefill:
+            max_batched = max(max_batched, self.max_model_len)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=max_batched,
+            enable_chunked_prefill=config.enable_chunked_prefill,
+        )
+        self.metrics = EngineMetrics()
+        self._requests: dict[str, _Request] = {}
+        self._update_gauges()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> LLMEngine:
+        """Load the configured model (None: the default SmolLM2 GGUF) and build an engine on it."""
+        from engine.loader.load import load_model
+
+        device = config.resolved_device()
+        loaded = load_model(config.model, device, config.resolved_dtype(device))
+        return cls(
+            config,
+            model=loaded.model,
+            tokenizer=loaded.tokenizer,
+            model_config=loaded.config,
+            model_name=loaded.name,
+        )
+
+    def _make_block_manager(self, allocator: BlockAllocator) -> BlockManager:
+        """The prefix cache plugs in here (a BlockManager subclass that reuses cached blocks)."""
+        return BlockManager(allocator, self.config.block_size)
+
+    # -- requests ------------------------------------------------------------------------
+
+    def tokenize(self, request: GenerateRequest) -> list[int]:
+        if request.messages is not None:
+            messages = [m.model_dump(exclude_none=True) for m in request.messages]
+            try:
+                return self.tokenizer.encode_chat(messages)
+            except Exception as exc:  # template errors are the caller's input problem
+                raise RequestError(f"could not apply the chat template: {exc}", param="messages") from exc
+        if isinstance(request.prompt, str):
+            return self.tokenizer.encode(request.prompt)
+        return list(request.prompt or [])
+
+    def add_request(self, request: GenerateRequest, prompt_token_ids: list[int] | None = None) -> None:
+        """Validate and queue a request; raises :class:`RequestError` for bad input."""
+        if request.model is not None and request.model != self.model_name:
+            raise RequestError(
+                f"The model '{request.model}' does not exist; this engine serves '{self.model_name}'.",
+                status=404,
+                code="model_not_found",
+                param="model",
+            )
+        if request.request_id in self._requests:
+            raise RequestError(f"request id '{request.request_id}' is already in flight", param="request_id")
+        prompt = self.tokenize(request) if prompt_token_ids is None else prompt_token_ids
+        self._check_prompt(prompt)
+        sampling = request.sampling
+        room = self.max_model_len - len(prompt)
+        max_tokens = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        choices = [
+            _Choice(
+                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt), StopStringMatcher(sampling.stop)
+            )
+            for _ in range(sampling.n)
+        ]
+        state = _Request(request, prompt, choices)
+        first = self._new_sequence(state, index=0, max_tokens=max_tokens)
+        choices[0].seq = first
+        self._requests[request.request_id] = state
+        self.scheduler.add(first)
+        self._update_gauges()
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise RequestError("The prompt is empty.", param="prompt")
+        if len(prompt) >= self.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
+                f"has {len(prompt)} tokens, leaving no room for a completion. Please shorten the prompt.",
+                code="context_length_exceeded",
+                param="messages",
+            )
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+
+    def _new_sequence(self, state: _Request, *, index: int, max_tokens: int) -> Sequence:
+        sampling = state.request.sampling
+        generator = torch.Generator(device=self.device)
+        if sampling.seed is not None:
+            generator.manual_seed(hash((sampling.seed, index)) & 0x7FFF_FFFF_FFFF_FFFF)
+        else:
+            generator.manual_seed(random.getrandbits(63))
+        return Sequence(
+            request_id=state.request.request_id,
+            prompt_token_ids=state.prompt_token_ids,
+            sampling=sampling,
+            max_tokens=max_tokens,
+            index=index,
+            generator=generator,
+            cache_namespace=state.request.cache_namespace,
+            arrival_time=state.arrival_time,
+        )
+
+    def abort_request(self, request_id: str, reason: FinishReason = "abort") -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its closing frames (None if unknown)."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return None
+        out = RequestOutput(request_id)
+        for index, choice in enumerate(state.choices):
+            if choice.finish_reason is None:
+                self._finish_choice(choice, reason)
+                out.frames.append(DeltaFrame(index=index, finish_reason=reason))
+        self._close_request(state, out)
+        self._update_gauges()
+        return out
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._abort_expired()
+        batch = self.scheduler.schedule()
+        if batch.num_preempted:
+            self.metrics.preemptions.inc(batch.num_preempted)
+        if not batch.is_empty:
+            sampled = self.runner.run(batch)
+            outputs.extend(self._postprocess(batch, sampled))
+        self._update_gauges()
+        return outputs
+
+    def _abort_expired(self) -> list[RequestOutput]:
+        now = time.time()
+        expired = [
+            rid for rid, s in self._requests.items() if s.request.deadline and s.request.deadline < now
+        ]
+        return [out for rid in expired if (out := self.abort_request(rid)) is not None]
+
+    def _postprocess(self, batch: SchedulerOutput, sampled: list[SampledToken | None]) -> list[RequestOutput]:
+        now = time.monotonic()
+        outputs: dict[str, RequestOutput] = {}
+        for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, sampled, strict=True):
+            seq.num_computed_tokens += num_new
+            if token is None:
+                continue
+            state = self._requests[seq.request_id]
+            out = outputs.setdefault(seq.request_id, RequestOutput(seq.request_id))
+            seq.append_token(token.token_id)
+            self._record_timing(seq, now)
+            if seq.num_output_tokens == 1 and seq.index == 0:
+                self.metrics.prompt_tokens.inc(len(state.prompt_token_ids))
+                self._fork_choices(state, seq)
+            out.frames.append(self._emit(state, seq, token))
+            if state.finished:
+                self._close_request(state, out)
+        return list(outputs.values())
+
+    def _record_timing(self, seq: Sequence, now: float) -> None:
+        self.metrics.generation_tokens.inc()
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            if seq.index == 0:
+                self.metrics.time_to_first_token.observe(now - seq.arrival_time)
+        elif seq.last_token_time is not None:
+            self.metrics.inter_token_latency.observe(now - seq.last_token_time)
+        seq.last_token_time = now
+
+    def _fork_choices(self, state: _Request, parent: Sequence) -> None:
+        """Start choices 1..n-1 once choice 0 has its prompt cached: they share its full prompt blocks."""
+        bs = self.config.block_size
+        shared_blocks = (len(state.prompt_token_ids) - 1) // bs  # each child still computes >= 1 token
+        for index in range(1, len(state.choices)):
+            child = self._new_sequence(state, index=index, max_tokens=parent.max_tokens)
+            child.num_cached_tokens = parent.num_cached_tokens
+            if shared_blocks:
+                self.block_manager.share(child, parent.block_table[:shared_blocks], shared_blocks * bs)
+            state.choices[index].seq = child
+            self.scheduler.add_first(child)
+
+    def _emit(self, state: _Request, seq: Sequence, token: SampledToken) -> DeltaFrame:
+        """Turn one sampled token into a delta, deciding whether the choice is done."""
+        choice = state.choices[seq.index]
+        sampling = seq.sampling
+        token_id = token.token_id
+        choice.num_tokens += 1
+        reason: FinishReason | None = None
+        text = ""
+        if token_id in sampling.stop_token_ids or (
+            not sampling.ignore_eos and token_id in self.tokenizer.eos_token_ids
+        ):
+            reason = "stop"
+        else:
+            text = choice.stop.feed(choice.detokenizer.push(token_id))
+            if choice.stop.stopped:
+                reason = "stop"
+        if reason is None and seq.num_output_tokens >= seq.max_tokens:
+            reason = "length"
+        if reason is not None and not choice.stop.stopped:
+            # Ending for another reason: release held-back text (a UTF-8 tail, a partial stop string).
+            text += choice.stop.feed(choice.detokenizer.flush())
+            text += choice.stop.flush()
+            if choice.stop.stopped:
+                reason = "stop"
+        frame = DeltaFrame(index=seq.index, text=text, token_ids=[token_id], finish_reason=reason)
+        if token.logprob is not None:
+            frame.logprobs = [self._token_logprob(token)]
+        if reason is not None:
+            self._finish_choice(choice, reason)
+        return frame
+
+    def _token_logprob(self, token: SampledToken) -> TokenLogprob:
+        top = [
+            TopLogprob(token=(s := self._token_text(t)), logprob=lp, bytes=list(s.encode()))
+            for t, lp in token.top_logprobs or []
+        ]
+        text = self._token_text(token.token_id)
+        return TokenLogprob(
+            token=text, logprob=token.logprob or 0.0, bytes=list(text.encode()), top_logprobs=top
+        )
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def _finish_choice(self, choice: _Choice, reason: FinishReason) -> None:
+        choice.finish_reason = reason
+        if choice.seq is not None and not choice.seq.is_finished:
+            self.scheduler.finish(choice.seq)
+
+    def _close_request(self, state: _Request, out: RequestOutput) -> None:
+        reasons = [c.finish_reason or "abort" for c in state.choices]
+        first = state.choices[0].seq
+        out.frames.append(
+            FinalFrame(
+                finish_reason=reasons[0],
+                finish_reasons=reasons,
+                prompt_tokens=len(state.prompt_token_ids),
+                cached_tokens=first.num_cached_tokens if first else 0,
+                completion_tokens=sum(c.num_tokens for c in state.choices),
+            )
+        )
+        out.finished = True
+        del self._requests[state.request.request_id]
+        self.metrics.requests_finished.labels(finish_reason=reasons[0]).inc()
+
+    def _update_gauges(self) -> None:
+        free = self.block_manager.num_free_blocks
+        self.metrics.set_queues(
+            running=self.scheduler.num_running,
+            waiting=self.scheduler.num_waiting,
+            blocks_used=self.block_manager.num_blocks - free,
+            blocks_free=free,
+        )
+
+    # -- convenience -----------------------------------------------------------------------
+
+    def generate(self, requests: list[GenerateRequest]) -> dict[str, list[DeltaFrame | FinalFrame]]:
+        """Run requests to completion (tests, offline use); frames per request id."""
+        frames: dict[str, list[DeltaFrame | FinalFrame]] = {}
+        for request in requests:
+            self.add_request(request)
+            frames[request.request_id] = []
+        while self.has_unfinished_requests():
+            for out in self.step():
+                frames[out.request_id].extend(out.frames)
+        return frames

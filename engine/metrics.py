@@ -1,0 +1,47 @@
+"""Prometheus metrics of one engine, on its own registry (so tests can run several engines).
+
+Token rates are counters: Prometheus derives per-second rates with ``rate()``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60)
+
+
+class EngineMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("tern_engine_requests_running", "Sequences in the running batch", registry=r)
+        self.waiting = Gauge("tern_engine_requests_waiting", "Sequences waiting to be scheduled", registry=r)
+        self.kv_blocks_used = Gauge("tern_engine_kv_blocks_used", "KV-cache blocks in use", registry=r)
+        self.kv_blocks_free = Gauge("tern_engine_kv_blocks_free", "Free KV-cache blocks", registry=r)
+        self.prompt_tokens = Counter("tern_engine_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("tern_engine_generation_tokens", "Tokens generated", registry=r)
+        self.preemptions = Counter("tern_engine_preemptions", "Sequences preempted for recompute", registry=r)
+        self.requests_finished = Counter(
+            "tern_engine_requests_finished", "Finished requests", ["finish_reason"], registry=r
+        )
+        self.time_to_first_token = Histogram(
+            "tern_engine_time_to_first_token_seconds",
+            "Arrival to first generated token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inter_token_latency = Histogram(
+            "tern_engine_inter_token_latency_seconds",
+            "Time between consecutive tokens of a sequence",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def set_queues(self, *, running: int, waiting: int, blocks_used: int, blocks_free: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_blocks_used.set(blocks_used)
+        self.kv_blocks_free.set(blocks_free)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

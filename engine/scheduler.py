@@ -1,0 +1,164 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Every step has a token budget (``max_num_batched_tokens``) and a batch limit
+(``max_num_seqs``). Running sequences go first, oldest first: a decode needs one
+token, a prompt still being prefilled gets a chunk of what is left of the
+budget (keeping one token for each running sequence behind it, so long prompts
+never stall decodes). Waiting sequences are then admitted in arrival order while
+the budget, the batch limit and the KV pool allow.
+
+When the pool runs out, the most recently admitted running sequence is
+preempted: its blocks are freed and it goes back to the front of the waiting
+queue, to be recomputed later (its generated tokens are kept). Nothing fails
+for lack of memory; it waits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.cache.block_manager import BlockManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class SchedulerOutput:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    """Tokens each sequence computes this step, starting at its ``num_computed_tokens``."""
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    """(src, dst) whole-block KV copies to run before the forward (prefix-cache copy-on-write)."""
+    num_preempted: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.seqs
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.enable_chunked_prefill = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        # Keep a few blocks spare when admitting, so running sequences can grow without preempting.
+        self.watermark_blocks = max(1, block_manager.num_blocks // 100)
+
+    # -- queue changes -------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def add_first(self, seq: Sequence) -> None:
+        """Queue ``seq`` ahead of everything waiting (forked choices of a running request)."""
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        """Remove a finished or aborted sequence and free its blocks now."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        seq.status = SequenceStatus.FINISHED
+        self.block_manager.free(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    # -- scheduling ----------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        budget = self._schedule_running(out, budget)
+        if out.num_preempted == 0:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            behind = len(self.running) - i - 1
+            num_new = min(seq.num_uncomputed_tokens, budget - behind)
+            if num_new <= 0:
+                i += 1
+                continue
+            while not self.block_manager.can_allocate(seq, num_new):
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.num_preempted += 1
+                if victim is seq:
+                    break
+            else:
+                self.block_manager.allocate(seq, num_new)
+                out.seqs.append(seq)
+                out.num_new_tokens.append(num_new)
+                budget -= num_new
+                i += 1
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            fresh = seq.num_computed_tokens == 0 and not seq.block_table
+            copies = self.block_manager.reuse_cached_prefix(seq) if fresh else []
+            num_new = seq.num_uncomputed_tokens
+            if num_new > budget and not self.enable_chunked_prefill:
+                # Whole prompts only; one larger than the budget runs alone so it cannot starve.
+                if out.seqs:
+                    self._undo_prefix(seq, fresh)
+                    break
+            else:
+                num_new = min(num_new, budget)
+            missing = self.block_manager.num_missing_blocks(seq, num_new)
+            spare = self.watermark_blocks if self.running else 0
+            available = self.block_manager.num_free_blocks + self.block_manager.num_reclaimable_blocks()
+            if missing + spare > available:
+                self._undo_prefix(seq, fresh)
+                break
+            self.block_manager.allocate(seq, num_new)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.seqs.append(seq)
+            out.num_new_tokens.append(num_new)
+            out.block_copies.extend(copies)
+            budget -= num_new
+
+    def _undo_prefix(self, seq: Sequence, fresh: bool) -> None:
+        """Give back cached blocks just taken for a sequence that is not admitted after all."""
+        if fresh and seq.block_table:
+            self.block_manager.free(seq)
+            seq.num_cached_tokens = 0
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_cached_tokens = 0
+        seq.num_preemptions += 1
+        self.add_first(seq)
