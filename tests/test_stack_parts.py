@@ -1,0 +1,107 @@
+"""The pieces of ``tern up`` that need no model: secrets kept under .tern/, and the orphan watchdog."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from gateway.keys.format import has_valid_checksum
+from gateway.stack import StateDir, build_parser
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+
+
+def _wait_until_dead(pid: int, deadline_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_secrets_are_generated_once_private_and_reused(tmp_path: Path) -> None:
+    state = StateDir(tmp_path / ".tern")
+    state.prepare()
+    first = state.secret("secret", lambda: "generated-value")
+    again = state.secret("secret", lambda: "a different value")
+    assert first == again == "generated-value"
+    assert stat.S_IMODE((state.root / "secret").stat().st_mode) == 0o600
+    # PostgreSQL's unprivileged account must be able to pass through .tern/ to its data dir.
+    assert stat.S_IMODE(state.root.stat().st_mode) & 0o001
+
+
+def test_generated_admin_key_is_a_valid_tern_admin_key(tmp_path: Path) -> None:
+    from gateway.keys.format import generate_key
+
+    state = StateDir(tmp_path / ".tern")
+    state.prepare()
+    key = state.secret("admin_key", lambda: generate_key("admin"))
+    assert key.startswith("tern_ak_") and has_valid_checksum(key)
+
+
+def test_port_defaults_to_8000_and_follows_tern_gateway_port(monkeypatch) -> None:
+    monkeypatch.delenv("TERN_GATEWAY_PORT", raising=False)
+    assert build_parser().parse_args([]).port == 8000
+    monkeypatch.setenv("TERN_GATEWAY_PORT", "9123")
+    args = build_parser().parse_args(["--model", "/m.gguf", "--device", "cpu"])
+    assert (args.port, args.model, args.device) == (9123, "/m.gguf", "cpu")
+
+
+def test_watchdog_stops_children_when_tern_up_is_killed(tmp_path: Path) -> None:
+    """SIGKILL leaves no chance to clean up; the watchdog must stop the child process group."""
+    pid_file = tmp_path / "child.pid"
+    parent_code = textwrap.dedent(
+        f"""
+        import signal, subprocess, sys, time
+        from gateway.stack import Watchdog
+        watchdog = Watchdog()
+        child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        watchdog.watch(signal.SIGTERM, -child.pid)
+        open({str(pid_file)!r}, "w").write(str(child.pid))
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    try:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() or not pid_file.read_text():
+            assert parent.poll() is None, "the stand-in for tern up died early"
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        assert _alive(child_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert _wait_until_dead(child_pid), "the child outlived tern up"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def test_watchdog_leaves_children_alone_after_a_clean_shutdown(tmp_path: Path) -> None:
+    from gateway.stack import Watchdog
+
+    child = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        watchdog = Watchdog()
+        watchdog.watch(signal.SIGTERM, -child.pid)
+        watchdog.close()  # what tern up does after stopping everything itself
+        assert child.poll() is None
+    finally:
+        child.kill()
+        child.wait()
