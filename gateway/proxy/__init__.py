@@ -1,0 +1,1 @@
+"""The OpenAI-compatible surface: engine pool, relay and the /v1 routes."""

@@ -1,0 +1,365 @@
+"""One generation relayed from an engine to a client, with a cleanup path cancellation cannot skip.
+
+:class:`Relay` opens ``POST /rpc/v1/generate`` on an engine and reads its NDJSON
+frames. :class:`RelayResponse` is the ASGI response that writes them to the
+client, as SSE chunks (one per frame, no buffering) or as one JSON object, while
+watching for the client going away. Whatever happens (completion, engine error,
+client disconnect, server shutdown) ``Relay.finish`` runs once, shielded from
+cancellation: it aborts an unfinished generation on the engine, reads the
+engine's final frame for the exact token counts, closes the upstream stream and
+hands a :class:`RelayOutcome` to every completion hook (usage metering,
+limits settlement, metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+import anyio
+import orjson
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from engine.openai_protocol import (
+    OpenAIRequest,
+    ResponseAccumulator,
+    StreamFormatter,
+    error_body,
+    error_frame_body,
+)
+from engine.protocol import (
+    ABORT_PATH,
+    GENERATE_PATH,
+    AbortRequest,
+    DeltaFrame,
+    ErrorFrame,
+    FinalFrame,
+    GenerateRequest,
+    parse_frame,
+)
+from gateway.errors import OpenAIError
+from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
+
+log = logging.getLogger(__name__)
+
+CLIENT_CLOSED_REQUEST = 499
+"""Status recorded (never sent) when the client went away before the answer was complete."""
+
+ABORT_TIMEOUT_S = 2.0
+DRAIN_TIMEOUT_S = 5.0
+"""How long the cleanup waits for the engine's final frame after an abort, for exact usage."""
+
+
+@dataclass(slots=True)
+class RelayOutcome:
+    """Everything known about a finished request; what completion hooks receive.
+
+    Token counts come from the engine's final (or error) frame when ``usage_exact``;
+    otherwise the engine could not be asked, ``completion_tokens`` counts the
+    token ids the gateway saw and ``prompt_tokens`` is 0.
+    """
+
+    request_id: str
+    endpoint: str
+    model: str
+    tenant_id: str | None
+    key_id: str | None
+    stream: bool
+    started_at: float
+    """Unix time the gateway began dispatching."""
+    engine_url: str | None = None
+    status: int = 200
+    """HTTP status the client got; 499 when it disconnected first."""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    usage_exact: bool = False
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    error_code: str | None = None
+    client_disconnected: bool = False
+
+
+CompletionHook = Callable[[RelayOutcome], Awaitable[None]]
+
+
+class Relay:
+    """The upstream side of one request: open, read frames, finish exactly once."""
+
+    def __init__(
+        self,
+        *,
+        pool: EnginePool,
+        gen_request: GenerateRequest,
+        openai_request: OpenAIRequest,
+        endpoint: str,
+        tenant_id: str | None,
+        key_id: str | None,
+        hooks: Sequence[CompletionHook],
+    ) -> None:
+        self.pool = pool
+        self.gen_request = gen_request
+        self.openai_request = openai_request
+        self.hooks = list(hooks)
+        self.outcome = RelayOutcome(
+            request_id=gen_request.request_id,
+            endpoint=endpoint,
+            model=openai_request.model,
+            tenant_id=tenant_id,
+            key_id=key_id,
+            stream=openai_request.stream,
+            started_at=time.time(),
+        )
+        self._t0 = time.perf_counter()
+        self._upstream: Upstream | None = None
+        self._response: aiohttp.ClientResponse | None = None
+        self._terminal = False
+        """No more frames will be read (the engine's last frame arrived, or the stream broke)."""
+        self._engine_done = False
+        """The engine itself said it is finished (final or error frame, or a refusal)."""
+        self._finished = False
+
+    # -- opening
+
+    async def open(self) -> None:
+        """Start the generation on a healthy engine; any refusal finishes the relay and raises OpenAIError."""
+        try:
+            await self._connect()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.finish()
+            raise
+
+    async def _connect(self) -> None:
+        tried: list[Upstream] = []
+        body = self.gen_request.model_dump_json(exclude_none=True).encode()
+        while True:
+            upstream = self._pick(tried)
+            try:
+                response = await upstream.session.post(
+                    GENERATE_PATH, data=body, headers={"content-type": "application/json"}
+                )
+            except aiohttp.ClientConnectionError as exc:
+                # Nothing reached the engine; take it out and try another one.
+                self.pool.mark_unhealthy(upstream, f"{type(exc).__name__}: {exc}")
+                tried.append(upstream)
+                continue
+            break
+        self._upstream = upstream
+        self.outcome.engine_url = upstream.url
+        upstream.inflight += 1
+        self._response = response
+        if response.status != 200:
+            await self._refuse(response)
+
+    def _pick(self, tried: list[Upstream]) -> Upstream:
+        model = self.outcome.model
+        try:
+            return self.pool.pick(model, exclude=tried)
+        except NoHealthyEngine:
+            self._fail(503, "engine_unavailable")
+            raise OpenAIError(
+                503,
+                "No healthy engine is available to serve this request. Try again shortly.",
+                code="engine_unavailable",
+                type="server_error",
+            ) from None
+        except ModelNotServed:
+            self._fail(404, "model_not_found")
+            raise OpenAIError(
+                404,
+                f"The model '{model}' does not exist or you do not have access to it.",
+                param="model",
+                code="model_not_found",
+            ) from None
+
+    async def _refuse(self, response: aiohttp.ClientResponse) -> None:
+        """Relay an engine's non-200 answer with its status, in OpenAI's shape."""
+        raw = await response.read()
+        self._terminal = self._engine_done = True
+        try:
+            err = orjson.loads(raw)["error"]
+            message, param, code, err_type = (
+                err["message"],
+                err.get("param"),
+                err.get("code"),
+                err.get("type"),
+            )
+        except (ValueError, KeyError, TypeError):
+            message, param, code, err_type = f"The engine answered HTTP {response.status}.", None, None, None
+        self._fail(response.status, code or "engine_error")
+        raise OpenAIError(response.status, message, param=param, code=code, type=err_type)
+
+    def _fail(self, status: int, code: str) -> None:
+        self.outcome.status = status
+        self.outcome.error_code = code
+        self.outcome.finish_reason = "error"
+        self.outcome.usage_exact = True  # refused before any work: nothing to bill
+
+    # -- reading
+
+    async def next_frame(self) -> DeltaFrame | FinalFrame | ErrorFrame | None:
+        """The next frame, or None after the terminal one. A broken stream becomes an ErrorFrame."""
+        if self._terminal or self._response is None:
+            return None
+        try:
+            line = await self._response.content.readline()
+            frame = parse_frame(line) if line.strip() else None
+        except (aiohttp.ClientError, ValueError) as exc:
+            log.warning("engine stream for %s broke: %s", self.outcome.request_id, exc)
+            frame = None
+        if frame is None:
+            return self._broken()
+        self._engine_done = not isinstance(frame, DeltaFrame)
+        self._account(frame)
+        return frame
+
+    def _broken(self) -> ErrorFrame:
+        """The stream ended without a last frame: report it, keep the tokens seen as usage."""
+        out = self.outcome
+        self._terminal = True
+        out.finish_reason, out.error_code, out.status, out.usage_exact = (
+            "error",
+            "engine_stream_broken",
+            502,
+            False,
+        )
+        return ErrorFrame(
+            message="The engine closed the stream before finishing the response.",
+            code="engine_stream_broken",
+            status=502,
+            completion_tokens=out.completion_tokens,
+        )
+
+    def _account(self, frame: DeltaFrame | FinalFrame | ErrorFrame) -> None:
+        out = self.outcome
+        if isinstance(frame, DeltaFrame):
+            if out.ttft_s is None:
+                out.ttft_s = time.perf_counter() - self._t0
+            out.completion_tokens += len(frame.token_ids)
+            return
+        self._terminal = True
+        out.prompt_tokens = frame.prompt_tokens
+        out.cached_tokens = frame.cached_tokens
+        out.completion_tokens = frame.completion_tokens
+        out.usage_exact = True
+        if isinstance(frame, FinalFrame):
+            out.finish_reason = frame.finish_reason
+        else:
+            out.finish_reason = "error"
+            out.error_code = frame.code
+            out.status = frame.status
+
+    # -- finishing
+
+    async def finish(self, *, client_disconnected: bool = False) -> None:
+        """Run once, whatever happened. Call it shielded from cancellation."""
+        if self._finished:
+            return
+        self._finished = True
+        out = self.outcome
+        try:
+            if client_disconnected and not self._terminal:
+                out.client_disconnected = True
+                out.status = CLIENT_CLOSED_REQUEST
+            if self._response is not None and not self._engine_done:
+                await self._abort_and_drain()
+        except Exception:
+            log.exception("cleanup of request %s failed", out.request_id)
+        finally:
+            if self._response is not None:
+                self._response.close()
+            if self._upstream is not None:
+                self._upstream.inflight -= 1
+            out.duration_s = time.perf_counter() - self._t0
+            for hook in self.hooks:
+                try:
+                    await hook(out)
+                except Exception:
+                    log.exception("completion hook %r failed for request %s", hook, out.request_id)
+
+    async def _abort_and_drain(self) -> None:
+        """Stop the engine's work, then read on to its final frame so usage counts what it produced."""
+        assert self._upstream is not None
+        status = self.outcome.status
+        try:
+            with anyio.fail_after(ABORT_TIMEOUT_S):
+                body = AbortRequest(request_id=self.outcome.request_id).model_dump_json().encode()
+                async with self._upstream.session.post(
+                    ABORT_PATH, data=body, headers={"content-type": "application/json"}
+                ) as resp:
+                    await resp.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("abort of %s on %s failed: %s", self.outcome.request_id, self._upstream.url, exc)
+        with anyio.move_on_after(DRAIN_TIMEOUT_S):
+            while await self.next_frame() is not None:
+                pass
+        self.outcome.status = status  # the client's status, not the drained frame's
+
+
+class RelayResponse(Response):
+    """Writes a relay to the client (SSE or JSON) and runs ``Relay.finish`` however it ends."""
+
+    def __init__(self, relay: Relay, *, request_id: str, headers: dict[str, str] | None = None) -> None:
+        self.relay = relay
+        self.stream = relay.openai_request.stream
+        self.request_id = request_id
+        self.status_code = 200
+        self.background = None
+        self.media_type = "text/event-stream" if self.stream else "application/json"
+        stream_headers = {"cache-control": "no-cache", "x-accel-buffering": "no"} if self.stream else {}
+        self.init_headers(stream_headers | (headers or {}))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        disconnected = False
+        try:
+            async with anyio.create_task_group() as tg:
+
+                async def watch_for_disconnect() -> None:
+                    nonlocal disconnected
+                    while (await receive())["type"] != "http.disconnect":
+                        pass
+                    disconnected = True
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(watch_for_disconnect)
+                try:
+                    await (self._send_stream(send) if self.stream else self._send_json(send))
+                except OSError:  # the server could not write: the client is gone
+                    disconnected = True
+                tg.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.relay.finish(client_disconnected=disconnected)
+
+    async def _send_stream(self, send: Send) -> None:
+        formatter = StreamFormatter(self.relay.openai_request, request_id=self.request_id)
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        opening = formatter.start()
+        if opening:
+            await send({"type": "http.response.body", "body": opening, "more_body": True})
+        while (frame := await self.relay.next_frame()) is not None:
+            chunk = formatter.frame(frame)
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _send_json(self, send: Send) -> None:
+        accumulator = ResponseAccumulator(self.relay.openai_request, request_id=self.request_id)
+        status, body = 502, error_body("The engine sent no answer.", status=502)
+        while (frame := await self.relay.next_frame()) is not None:
+            if isinstance(frame, DeltaFrame):
+                accumulator.add(frame)
+            elif isinstance(frame, FinalFrame):
+                status, body = 200, accumulator.response(frame)
+            else:
+                status, body = frame.status, error_frame_body(frame)
+        payload = orjson.dumps(body)
+        headers = [*self.raw_headers, (b"content-length", str(len(payload)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})

@@ -1,0 +1,90 @@
+"""The OpenAI-compatible routes, for inference keys only."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, TypeVar
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import ORJSONResponse, Response
+
+from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse_request
+from gateway.errors import OpenAIError
+from gateway.keys.deps import InferenceKey
+from gateway.proxy import service
+from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.relay import CompletionHook
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+
+
+def get_engine_pool(request: Request) -> EnginePool:
+    return request.app.state.engine_pool
+
+
+def get_completion_hooks(request: Request) -> list[CompletionHook]:
+    """Hooks run with every finished request's outcome; other domains append to this list at start-up."""
+    return request.app.state.completion_hooks
+
+
+Pool = Annotated[EnginePool, Depends(get_engine_pool)]
+Hooks = Annotated[list[CompletionHook], Depends(get_completion_hooks)]
+
+
+async def read_request(request: Request, request_cls: type[RequestT]) -> RequestT:
+    """The body, size-capped (413) and validated (400) before anything else happens."""
+    limit: int = request.app.state.settings.max_body_bytes
+    too_large = OpenAIError(
+        413,
+        f"The request body is larger than the {limit} bytes this server accepts.",
+        code="request_too_large",
+    )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        return parse_request(request_cls, bytes(body))
+    except OpenAIRequestError as exc:
+        raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+
+
+def request_id_of(request: Request) -> str:
+    return getattr(request.state, "request_id", None) or uuid.uuid4().hex
+
+
+@router.get("/models")
+async def list_models(key: InferenceKey, pool: Pool) -> Response:
+    return ORJSONResponse(service.list_models(pool=pool, key=key).model_dump())
+
+
+@router.post("/chat/completions")
+async def chat_completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
+    openai_request = await read_request(request, ChatCompletionRequest)
+    return await service.dispatch(
+        pool=pool,
+        openai_request=openai_request,
+        endpoint="chat.completions",
+        key=key,
+        request_id=request_id_of(request),
+        hooks=hooks,
+    )
+
+
+@router.post("/completions")
+async def completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
+    openai_request = await read_request(request, CompletionRequest)
+    return await service.dispatch(
+        pool=pool,
+        openai_request=openai_request,
+        endpoint="completions",
+        key=key,
+        request_id=request_id_of(request),
+        hooks=hooks,
+    )

@@ -1,0 +1,71 @@
+"""What the /v1 routes do: check the key's model scope, dispatch to an engine, list models."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.openai_protocol import OpenAIRequest
+from engine.protocol import ModelList
+from gateway.errors import OpenAIError
+from gateway.keys.auth import AuthenticatedKey
+from gateway.metrics import UPSTREAM_LATENCY, UPSTREAM_TIME_TO_FIRST_TOKEN
+from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.relay import CompletionHook, Relay, RelayOutcome, RelayResponse
+
+
+def ensure_model_allowed(*, key: AuthenticatedKey, model: str) -> None:
+    if not key.may_use_model(model):
+        raise OpenAIError(
+            403,
+            f"This API key is not allowed to use the model '{model}'.",
+            param="model",
+            code="model_not_allowed",
+        )
+
+
+def list_models(*, pool: EnginePool, key: AuthenticatedKey) -> ModelList:
+    """Models served by healthy engines that this key may use."""
+    return ModelList(data=[m for m in pool.models() if key.may_use_model(m.id)])
+
+
+async def dispatch(
+    *,
+    pool: EnginePool,
+    openai_request: OpenAIRequest,
+    endpoint: str,
+    key: AuthenticatedKey,
+    request_id: str,
+    hooks: Sequence[CompletionHook],
+) -> RelayResponse:
+    """Start the generation on an engine and return the response that relays it.
+
+    Refusals (model scope, no engine, engine errors before the stream) raise
+    OpenAIError. Once an engine has been asked, every path ends in the hooks.
+    """
+    ensure_model_allowed(key=key, model=openai_request.model)
+    tenant_id = str(key.tenant_id) if key.tenant_id else None
+    gen_request = openai_request.to_generate_request(
+        request_id=request_id,
+        # Tenants never share prefix-cache blocks, so cache hits cannot leak one tenant's prompts to another.
+        cache_namespace=tenant_id,
+    )
+    relay = Relay(
+        pool=pool,
+        gen_request=gen_request,
+        openai_request=openai_request,
+        endpoint=endpoint,
+        tenant_id=tenant_id,
+        key_id=str(key.key_id),
+        hooks=[observe_upstream_metrics, *hooks],
+    )
+    await relay.open()
+    return RelayResponse(relay, request_id=request_id)
+
+
+async def observe_upstream_metrics(outcome: RelayOutcome) -> None:
+    if outcome.engine_url is None:
+        return
+    result = "client_closed" if outcome.client_disconnected else ("ok" if outcome.status < 400 else "error")
+    UPSTREAM_LATENCY.labels(outcome.engine_url, "generate", result).observe(outcome.duration_s)
+    if outcome.ttft_s is not None:
+        UPSTREAM_TIME_TO_FIRST_TOKEN.labels(outcome.engine_url).observe(outcome.ttft_s)

@@ -1,0 +1,215 @@
+"""A stand-in engine for the gateway's own tests: a real HTTP server speaking engine/protocol.py.
+
+It answers deterministically (the words of ``REPLY``, one token each, cut at
+``max_tokens``), records what it received, aborted and lost, and has switches
+for the failure modes the proxy must handle. End-to-end tests use the real
+engine instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.openai_protocol import error_body
+from engine.protocol import (
+    ABORT_PATH,
+    GENERATE_PATH,
+    HEALTH_PATH,
+    MODELS_PATH,
+    AbortRequest,
+    DeltaFrame,
+    ErrorFrame,
+    FinalFrame,
+    GenerateRequest,
+    HealthResponse,
+    ModelInfo,
+    ModelList,
+    encode_frame,
+)
+
+REPLY = ["Hello", " from", " the", " fake", " engine", "."]
+
+Mode = Literal["ok", "error_status", "error_midstream", "context_length"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prompt_token_count(req: GenerateRequest) -> int:
+    """One token per whitespace-separated word of the prompt (or of every message)."""
+    if req.prompt is not None:
+        return len(req.prompt) if isinstance(req.prompt, list) else len(req.prompt.split())
+    return sum(len(str(m.content or "").split()) for m in req.messages or [])
+
+
+@dataclass
+class FakeEngine:
+    model: str = "fake-model"
+    mode: Mode = "ok"
+    healthy: bool = True
+    token_delay_s: float = 0.0
+    gate: threading.Event | None = None
+    """When set, the stream pauses after its first delta until the test sets the event."""
+    received: list[GenerateRequest] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
+    disconnected: list[str] = field(default_factory=list)
+    """Request ids whose generate stream was closed by the caller before its last frame."""
+    finished: list[str] = field(default_factory=list)
+    health_checks: int = 0
+    port: int = field(default_factory=free_port)
+
+    def __post_init__(self) -> None:
+        self._abort_flags: dict[str, asyncio.Event] = {}
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = Starlette(
+            routes=[
+                Route(GENERATE_PATH, self._generate, methods=["POST"]),
+                Route(ABORT_PATH, self._abort, methods=["POST"]),
+                Route(HEALTH_PATH, self._health, methods=["GET"]),
+                Route(MODELS_PATH, self._models, methods=["GET"]),
+            ]
+        )
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- lifecycle
+
+    def start(self) -> FakeEngine:
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, name=f"fake-engine-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("fake engine did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        if self.gate is not None:
+            self.gate.set()
+        if self._server is not None and self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=10)
+
+    # -- handlers
+
+    async def _health(self, _: Request) -> Response:
+        self.health_checks += 1
+        if not self.healthy:
+            return JSONResponse(HealthResponse(status="loading").model_dump(), status_code=503)
+        return JSONResponse(HealthResponse(status="ok", model=self.model).model_dump())
+
+    async def _models(self, _: Request) -> Response:
+        return JSONResponse(ModelList(data=[ModelInfo(id=self.model, max_model_len=2048)]).model_dump())
+
+    async def _abort(self, request: Request) -> Response:
+        body = AbortRequest.model_validate_json(await request.body())
+        self.aborted.append(body.request_id)
+        flag = self._abort_flags.get(body.request_id)
+        if flag is not None:
+            flag.set()
+        return JSONResponse({"aborted": flag is not None})
+
+    async def _generate(self, request: Request) -> Response:
+        req = GenerateRequest.model_validate_json(await request.body())
+        self.received.append(req)
+        if req.model not in (None, self.model):
+            body = error_body(f"The model '{req.model}' does not exist.", status=404, code="model_not_found")
+            return JSONResponse(body, status_code=404)
+        if self.mode == "context_length":
+            body = error_body(
+                "This model's maximum context length is 2048 tokens.",
+                status=400,
+                code="context_length_exceeded",
+            )
+            return JSONResponse(body, status_code=400)
+        if self.mode == "error_status":
+            return JSONResponse(error_body("engine exploded", status=500), status_code=500)
+        self._abort_flags[req.request_id] = asyncio.Event()
+        return StreamingResponse(self._frames(req), media_type="application/x-ndjson")
+
+    @staticmethod
+    async def _wait_for_gate(gate: threading.Event, abort: asyncio.Event) -> None:
+        """Wait until the test opens the gate or the request is aborted."""
+        waiters = {
+            asyncio.ensure_future(asyncio.to_thread(gate.wait, 30)),
+            asyncio.ensure_future(abort.wait()),
+        }
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _frames(self, req: GenerateRequest) -> AsyncIterator[bytes]:
+        abort = self._abort_flags[req.request_id]
+        max_tokens = req.sampling.max_tokens
+        truncated = max_tokens is not None and max_tokens < len(REPLY)
+        words = REPLY[:max_tokens] if truncated else REPLY
+        produced = 0
+        complete = False
+        try:
+            for i, word in enumerate(words):
+                if abort.is_set():
+                    break
+                reason = ("length" if truncated else "stop") if i == len(words) - 1 else None
+                for index in range(req.sampling.n):
+                    yield encode_frame(
+                        DeltaFrame(index=index, text=word, token_ids=[i], finish_reason=reason)
+                    )
+                    produced += 1
+                if i == 0 and self.gate is not None:
+                    await self._wait_for_gate(self.gate, abort)
+                if i == 1 and self.mode == "error_midstream":
+                    yield encode_frame(
+                        ErrorFrame(message="engine failed mid-stream", completion_tokens=produced)
+                    )
+                    complete = True
+                    return
+                if self.token_delay_s:
+                    await asyncio.sleep(self.token_delay_s)
+            reason = "abort" if abort.is_set() else ("length" if truncated else "stop")
+            yield encode_frame(
+                FinalFrame(
+                    finish_reason=reason,
+                    finish_reasons=[reason] * req.sampling.n,
+                    prompt_tokens=prompt_token_count(req),
+                    completion_tokens=produced,
+                )
+            )
+            complete = True
+        finally:
+            self._abort_flags.pop(req.request_id, None)
+            (self.finished if complete else self.disconnected).append(req.request_id)
+
+
+@contextmanager
+def running_fake_engine(**options: object) -> Iterator[FakeEngine]:
+    engine = FakeEngine(**options).start()  # type: ignore[arg-type]
+    try:
+        yield engine
+    finally:
+        engine.stop()
