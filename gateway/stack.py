@@ -230,6 +230,12 @@ def _postmaster_pid(server: PostgresServer) -> int:
     return int((server.data_dir / "postmaster.pid").read_text().split()[0])
 
 
+def _libpq_dsn(database_url: str) -> str:
+    """The SQLAlchemy URL as psql and pg_dump take it."""
+    scheme, rest = database_url.split("://", 1)
+    return f"{scheme.split('+')[0]}://{rest}"
+
+
 def _redis_pid(url: str) -> int:
     import redis
 
@@ -475,6 +481,8 @@ def up(options: UpOptions) -> int:
 
         run_info = {
             "gateway_url": url,
+            "postgres_dsn": _libpq_dsn(stack.env["TERN_DATABASE_URL"]),
+            "redis_url": stack.env["TERN_REDIS_URL"],
             "engine_urls": stack.env["TERN_ENGINE_URLS"].split(","),
             "pids": stack.pids,
             "ready_after_s": ready_after_s,
