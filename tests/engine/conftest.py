@@ -1,0 +1,116 @@
+"""Shared engine fixtures: the default GGUF, its tokenizer, and tiny random-weight HF models.
+
+Everything expensive is session-scoped: the real default model is loaded once, and the tiny
+models are written to a temp dir once. transformers is imported lazily (only tests that compare
+against it pay for the import).
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from engine.loader import LoadedModel, default_model_path, load_model
+
+# Tiny architectures checked against transformers. Shapes stay small so CPU tests are quick;
+# the vocabulary is the real SmolLM2 one so prompts are real text.
+TINY_COMMON: dict[str, Any] = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.1,  # wide logits: greedy picks are far from ties
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    # Llama 3.1-style rope scaling; wavelengths fall in all three of its bands at head_dim 16.
+    "llama3": (
+        "LlamaConfig",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ),
+    "qwen2": ("Qwen2Config", {"rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}),
+    "mistral": ("MistralConfig", {"sliding_window": None}),
+    # Tied embeddings, 4 query heads sharing one KV head, and Llama's attention/MLP biases.
+    "llama_tied_gqa": (
+        "LlamaConfig",
+        {"tie_word_embeddings": True, "num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True},
+    ),
+}
+# Variants saved as several safetensors shards with an index json.
+SHARDED_VARIANTS = {"qwen2"}
+
+
+@pytest.fixture(scope="session")
+def default_gguf_path() -> Path:
+    path = default_model_path()
+    assert path.exists(), f"default model file missing: {path}"
+    return path
+
+
+@pytest.fixture(scope="session")
+def default_model(default_gguf_path: Path) -> LoadedModel:
+    """The real SmolLM2-135M-Instruct GGUF, float32 on CPU, loaded once per session."""
+    return load_model(default_gguf_path, device="cpu", dtype=torch.float32, progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_tokenizer(default_gguf_path: Path) -> Any:
+    """transformers' own tokenizer built from the default GGUF (the reference for ours)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_gguf_path.parent, gguf_file=default_gguf_path.name)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer_dir(hf_gguf_tokenizer: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face tokenizer directory (tokenizer.json, tokenizer_config.json, chat template)."""
+    path = tmp_path_factory.mktemp("hf_tokenizer")
+    hf_gguf_tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(
+    hf_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[str], Path]:
+    """Factory: variant name (see TINY_VARIANTS) -> a saved random-weight HF model directory."""
+    made: dict[str, Path] = {}
+
+    def make(variant: str) -> Path:
+        if variant not in made:
+            made[variant] = _save_tiny_model(variant, hf_tokenizer_dir, tmp_path_factory.mktemp(variant))
+        return made[variant]
+
+    return make
+
+
+def _save_tiny_model(variant: str, tokenizer_dir: Path, path: Path) -> Path:
+    import transformers
+
+    config_class, overrides = TINY_VARIANTS[variant]
+    vocab_size = len(transformers.AutoTokenizer.from_pretrained(tokenizer_dir))
+    config = getattr(transformers, config_class)(vocab_size=vocab_size, **{**TINY_COMMON, **overrides})
+    torch.manual_seed(sum(map(ord, variant)))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    shard_size = "200KB" if variant in SHARDED_VARIANTS else "1GB"
+    model.save_pretrained(path, max_shard_size=shard_size)
+    for item in tokenizer_dir.iterdir():
+        shutil.copy(item, path / item.name)
+    return path
