@@ -164,6 +164,10 @@ class Watchdog:
         assert self._process.stdin is not None
         self._pipe: IO[bytes] = self._process.stdin
 
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
     def watch(self, sig: signal.Signals, pid: int) -> None:
         self._pipe.write(f"{sig.name} {pid}\n".encode())
         self._pipe.flush()
@@ -371,6 +375,7 @@ class Stack:
         self.pids: dict[str, int] = {}
         self.watchdog = Watchdog()
         cleanup.callback(self.watchdog.close)
+        self.pids["watchdog"] = self.watchdog.pid
 
     def load_secrets(self) -> str:
         """TERN_SECRET and the bootstrap admin key: from the environment, else kept under .tern/."""
