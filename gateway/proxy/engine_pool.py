@@ -51,7 +51,7 @@ class Upstream:
 
 
 class EnginePool:
-    """Picks the least-busy healthy engine for a model; ``any_healthy()`` backs ``/readyz``."""
+    """Picks the least-busy healthy engine for a model."""
 
     def __init__(
         self,
@@ -134,7 +134,8 @@ class EnginePool:
         upstream.healthy = False
         upstream.last_error = reason
 
-    def any_healthy(self) -> bool:
+    async def any_healthy(self) -> bool:
+        """For ``/readyz``: is at least one engine in the rotation (as of the last probe)?"""
         return any(u.healthy for u in self.upstreams)
 
     # -- routing

@@ -34,23 +34,9 @@ Hooks = Annotated[list[CompletionHook], Depends(get_completion_hooks)]
 
 
 async def read_request(request: Request, request_cls: type[RequestT]) -> RequestT:
-    """The body, size-capped (413) and validated (400) before anything else happens."""
-    limit: int = request.app.state.settings.max_body_bytes
-    too_large = OpenAIError(
-        413,
-        f"The request body is larger than the {limit} bytes this server accepts.",
-        code="request_too_large",
-    )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_large
+    """The validated body; a bad one is a 400. Oversize bodies are refused (413) by the request middleware."""
     try:
-        return parse_request(request_cls, bytes(body))
+        return parse_request(request_cls, await request.body())
     except OpenAIRequestError as exc:
         raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 

@@ -9,15 +9,13 @@ engine instead.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
-import uvicorn
+from live_server import ServerThread, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -45,12 +43,6 @@ REPLY = ["Hello", " from", " the", " fake", " engine", "."]
 Mode = Literal["ok", "error_status", "error_midstream", "context_length"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def prompt_token_count(req: GenerateRequest) -> int:
     """One token per whitespace-separated word of the prompt (or of every message)."""
     if req.prompt is not None:
@@ -76,8 +68,7 @@ class FakeEngine:
 
     def __post_init__(self) -> None:
         self._abort_flags: dict[str, asyncio.Event] = {}
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ServerThread | None = None
         self.app = Starlette(
             routes=[
                 Route(GENERATE_PATH, self._generate, methods=["POST"]),
@@ -94,25 +85,14 @@ class FakeEngine:
     # -- lifecycle
 
     def start(self) -> FakeEngine:
-        config = uvicorn.Config(
-            self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, name=f"fake-engine-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 20
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("fake engine did not start")
-            time.sleep(0.01)
+        self._server = ServerThread(self.app, port=self.port, lifespan="off").start()
         return self
 
     def stop(self) -> None:
         if self.gate is not None:
             self.gate.set()
-        if self._server is not None and self._thread is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
+        if self._server is not None:
+            self._server.stop()
 
     # -- handlers
 

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-from fake_engine import FakeEngine, free_port
+from fake_engine import FakeEngine
+from live_server import free_port
 
 from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine
 
@@ -62,7 +63,7 @@ async def test_unreachable_engines_mean_not_ready() -> None:
     pool = pool_for([f"http://127.0.0.1:{free_port()}"])
     await pool.start()
     try:
-        assert not pool.any_healthy()
+        assert not await pool.any_healthy()
         assert pool.upstreams[0].last_error
         assert pool.models() == []
         with pytest.raises(NoHealthyEngine):
@@ -76,7 +77,7 @@ async def test_background_prober_restores_an_engine() -> None:
     pool = EnginePool([engine.url], health_interval_s=0.05, connect_timeout_s=2)
     await pool.start()
     try:
-        assert not pool.any_healthy()
+        assert not await pool.any_healthy()
         engine.healthy = True
         checks = engine.health_checks
         with anyio.fail_after(10):
@@ -84,8 +85,7 @@ async def test_background_prober_restores_an_engine() -> None:
             # engine's server thread, so there is no event to await.
             while engine.health_checks < checks + 2:  # noqa: ASYNC110
                 await anyio.sleep(0.01)
-        assert pool.any_healthy()
+        assert await pool.any_healthy()
     finally:
         await pool.close()
         engine.stop()
-

@@ -1,0 +1,61 @@
+"""Run an ASGI app on a real port in a background thread, for tests that need real HTTP.
+
+Streaming and client disconnects only behave for real over a socket (httpx's
+ASGI transport buffers whole responses), so the proxy tests, the fake engine
+and the openai-client tests all serve through this.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Awaitable
+from typing import Any, TypeVar
+
+import uvicorn
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """uvicorn on 127.0.0.1 in a daemon thread with its own event loop."""
+
+    def __init__(self, app: Any, *, port: int | None = None, lifespan: str = "on") -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan)
+        self.server = uvicorn.Server(config)
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=f"server-{self.port}", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.server.serve())
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"server on port {self.port} did not start")
+            time.sleep(0.01)
+        return self
+
+    def call(self, awaitable: Awaitable[T], timeout: float = 30) -> T:
+        """Run a coroutine on the server's loop (for objects that live there) and wait for it."""
+        return asyncio.run_coroutine_threadsafe(awaitable, self.loop).result(timeout)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(timeout=15)
