@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from engine.loader import LoadedModel, default_model_path, load_model
+from engine.loader import LoadedModel, default_model_path, load_model, load_tokenizer
+from engine.tokenizer import Tokenizer
 
 # Tiny architectures checked against transformers. Shapes stay small so CPU tests are quick;
 # the vocabulary is the real SmolLM2 one so prompts are real text.
@@ -71,6 +72,12 @@ def default_model(default_gguf_path: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def default_tokenizer(default_gguf_path: Path) -> Tokenizer:
+    """Our tokenizer from the default GGUF's metadata (without loading its weights)."""
+    return load_tokenizer(default_gguf_path)
+
+
+@pytest.fixture(scope="session")
 def hf_gguf_tokenizer(default_gguf_path: Path) -> Any:
     """transformers' own tokenizer built from the default GGUF (the reference for ours)."""
     from transformers import AutoTokenizer
@@ -87,9 +94,7 @@ def hf_tokenizer_dir(hf_gguf_tokenizer: Any, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(
-    hf_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Callable[[str], Path]:
+def tiny_model_dir(hf_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     """Factory: variant name (see TINY_VARIANTS) -> a saved random-weight HF model directory."""
     made: dict[str, Path] = {}
 

@@ -1,0 +1,60 @@
+"""Block tables on top of the reference-counted allocator: growth, sharing, freeing."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
+from engine.cache.block_manager import BlockManager
+from engine.protocol import SamplingParams
+from engine.sequence import Sequence
+
+
+def make_seq(num_prompt_tokens: int) -> Sequence:
+    return Sequence("r", list(range(num_prompt_tokens)), SamplingParams(), max_tokens=8)
+
+
+def test_allocate_grows_lazily_by_whole_blocks() -> None:
+    manager = BlockManager(BlockAllocator(10), block_size=4)
+    seq = make_seq(6)
+    assert manager.num_missing_blocks(seq, 6) == 2
+    manager.allocate(seq, 6)
+    seq.num_computed_tokens = 6
+    assert len(seq.block_table) == 2 and manager.num_free_blocks == 8
+    manager.allocate(seq, 2)  # tokens 6, 7 still fit in block 2
+    assert len(seq.block_table) == 2
+    seq.num_computed_tokens = 8
+    manager.allocate(seq, 1)
+    assert len(seq.block_table) == 3 and manager.num_free_blocks == 7
+
+
+def test_slots_follow_the_block_table() -> None:
+    manager = BlockManager(BlockAllocator(10), block_size=4)
+    seq = make_seq(9)
+    seq.block_table = [7, 2, 5]
+    assert [manager.slot(seq, p) for p in (0, 3, 4, 8)] == [28, 31, 8, 20]
+
+
+def test_allocation_failure_takes_nothing() -> None:
+    manager = BlockManager(BlockAllocator(3), block_size=4)
+    seq = make_seq(20)
+    assert not manager.can_allocate(seq, 20)
+    with pytest.raises(NoFreeBlocksError):
+        manager.allocate(seq, 20)
+    assert seq.block_table == [] and manager.num_free_blocks == 3
+
+
+def test_shared_blocks_return_only_after_the_last_holder_frees() -> None:
+    allocator = BlockAllocator(8)
+    manager = BlockManager(allocator, block_size=4)
+    parent, child = make_seq(10), make_seq(10)
+    manager.allocate(parent, 10)
+    manager.share(child, parent.block_table[:2], 8)
+    assert child.num_computed_tokens == 8
+    assert [allocator.refcount(b) for b in parent.block_table] == [2, 2, 1]
+    manager.allocate(child, 2)  # its own third block
+    assert manager.num_free_blocks == 4
+    manager.free(parent)
+    assert manager.num_free_blocks == 5 and parent.num_computed_tokens == 0
+    manager.free(child)
+    assert manager.num_free_blocks == 8 and child.block_table == []
