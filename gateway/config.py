@@ -56,6 +56,12 @@ class Settings(BaseSettings):
             return [part.strip().rstrip("/") for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("secret", "admin_key", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        """Compose passes ``TERN_ADMIN_KEY=`` when the variable is unset."""
+        return None if value == "" else value
+
     @field_validator("admin_key")
     @classmethod
     def _admin_key_length(cls, value: SecretStr | None) -> SecretStr | None:

@@ -1,0 +1,90 @@
+"""The gateway application: ``create_app(settings)`` wires domains, middleware and resources.
+
+Run it with ``tern gateway`` (uvicorn factory mode, settings from the environment).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway.audit.router import router as audit_router
+from gateway.config import Settings
+from gateway.db import create_db_engine, create_sessionmaker
+from gateway.errors import install_error_handlers
+from gateway.keys.auth import KeyAuthenticator
+from gateway.keys.router import router as keys_router
+from gateway.keys.service import bootstrap_admin_key
+from gateway.logging import configure_logging
+from gateway.ops.middleware import RequestContextMiddleware
+from gateway.ops.router import router as ops_router
+from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.router import router as proxy_router
+from gateway.redis import create_redis
+from gateway.tenants.router import router as tenants_router
+
+log = logging.getLogger("tern.gateway")
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    secret = settings.secret_bytes()
+    db_engine = create_db_engine(settings)
+    app.state.db_engine = db_engine
+    app.state.sessionmaker = create_sessionmaker(db_engine)
+    app.state.redis = create_redis(settings.redis_url)
+    app.state.key_authenticator = KeyAuthenticator(
+        sessionmaker=app.state.sessionmaker,
+        secret=secret,
+        cache_ttl_s=settings.key_cache_ttl_s,
+        last_used_interval_s=settings.key_last_used_interval_s,
+    )
+    try:
+        if settings.admin_key is not None:
+            added = await bootstrap_admin_key(
+                app.state.sessionmaker, admin_key=settings.admin_key.get_secret_value(), secret=secret
+            )
+            if added:
+                log.info("registered TERN_ADMIN_KEY as a platform admin key")
+
+        app.state.engine_pool = EnginePool(
+            settings.engine_urls,
+            health_interval_s=settings.engine_health_interval_s,
+            connect_timeout_s=settings.engine_connect_timeout_s,
+            request_timeout_s=settings.engine_request_timeout_s,
+        )
+        await app.state.engine_pool.start()
+        try:
+            yield
+        finally:
+            await app.state.engine_pool.close()
+    finally:
+        await app.state.redis.aclose()
+        await db_engine.dispose()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    configure_logging(settings.log_level, json=settings.log_json)
+    app = FastAPI(
+        title="Tern gateway",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
+
+    app.include_router(ops_router)
+    app.include_router(tenants_router)
+    app.include_router(keys_router)
+    app.include_router(audit_router)
+    app.include_router(proxy_router)
+    # Run with every finished /v1 request's RelayOutcome (usage metering, limits settlement).
+    app.state.completion_hooks = []
+    return app

@@ -1,0 +1,97 @@
+"""``/admin/keys``: create (the secret is shown once), list, get, update, revoke and rotate."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+
+from gateway.audit.deps import AdminActor
+from gateway.db import DbSession
+from gateway.keys import service
+from gateway.keys.auth import KeyAuthenticator
+from gateway.keys.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
+
+router = APIRouter(prefix="/admin/keys", tags=["admin: keys"])
+
+
+def _secret(request: Request) -> bytes:
+    return request.app.state.settings.secret_bytes()
+
+
+def _authenticator(request: Request) -> KeyAuthenticator:
+    """This process's key cache; changes here are seen at once (other processes: within the TTL)."""
+    return request.app.state.key_authenticator
+
+
+def _created(key, plaintext: str) -> KeyCreated:
+    return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=plaintext)
+
+
+@router.post("", status_code=201)
+async def create_key(body: KeyCreate, actor: AdminActor, session: DbSession, request: Request) -> KeyCreated:
+    key, plaintext = await service.create_key(
+        session, actor=actor, secret=_secret(request), **body.model_dump()
+    )
+    return _created(key, plaintext)
+
+
+@router.get("")
+async def list_keys(
+    actor: AdminActor,
+    session: DbSession,
+    tenant_id: uuid.UUID | None = None,
+    kind: Literal["inference", "admin"] | None = None,
+    include_revoked: bool = True,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> KeyList:
+    keys = await service.list_keys(
+        session,
+        actor=actor,
+        tenant_id=tenant_id,
+        kind=kind,
+        include_revoked=include_revoked,
+        limit=limit,
+        offset=offset,
+    )
+    return KeyList(data=[KeyOut.model_validate(k) for k in keys])
+
+
+@router.get("/{key_id}")
+async def get_key(key_id: uuid.UUID, actor: AdminActor, session: DbSession) -> KeyOut:
+    return KeyOut.model_validate(await service.get_key(session, actor=actor, key_id=key_id))
+
+
+@router.patch("/{key_id}")
+async def update_key(
+    key_id: uuid.UUID, body: KeyUpdate, actor: AdminActor, session: DbSession, request: Request
+) -> KeyOut:
+    changes = body.model_dump(include=body.model_fields_set)
+    key = await service.update_key(session, actor=actor, key_id=key_id, changes=changes)
+    _authenticator(request).forget(key.secret_hash)
+    return KeyOut.model_validate(key)
+
+
+@router.post("/{key_id}/revoke")
+async def revoke_key(key_id: uuid.UUID, actor: AdminActor, session: DbSession, request: Request) -> KeyOut:
+    key = await service.revoke_key(session, actor=actor, key_id=key_id)
+    _authenticator(request).forget(key.secret_hash)
+    return KeyOut.model_validate(key)
+
+
+@router.post("/{key_id}/rotate", status_code=201)
+async def rotate_key(
+    key_id: uuid.UUID,
+    actor: AdminActor,
+    session: DbSession,
+    request: Request,
+    body: KeyRotate | None = None,
+) -> KeyCreated:
+    grace_seconds = body.grace_seconds if body is not None else 0
+    old, new, plaintext = await service.rotate_key(
+        session, actor=actor, secret=_secret(request), key_id=key_id, grace_seconds=grace_seconds
+    )
+    _authenticator(request).forget(old.secret_hash)
+    return _created(new, plaintext)

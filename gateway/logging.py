@@ -1,0 +1,49 @@
+"""JSON logs, one object per line, each carrying the current request id."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+request_id_var: ContextVar[str | None] = ContextVar("tern_request_id", default=None)
+
+_STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    """Fields passed with ``extra=`` become top-level keys."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        request_id = request_id_var.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
+        for name, value in record.__dict__.items():
+            if name not in _STANDARD_ATTRS and not name.startswith("_"):
+                entry[name] = value
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+def configure_logging(level: str = "INFO", *, json: bool = True) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if json else logging.Formatter("%(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Our access log replaces uvicorn's.
+    logging.getLogger("uvicorn.access").disabled = True
+    for name in ("uvicorn", "uvicorn.error"):
+        logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).propagate = True

@@ -1,0 +1,119 @@
+"""The per-request envelope: request id, body-size limit, access log, metrics, last-resort 500.
+
+A plain ASGI middleware (not ``BaseHTTPMiddleware``) so streamed responses pass through chunk by
+chunk and client disconnects still reach the endpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+
+from fastapi import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.errors import OpenAIError
+from gateway.logging import request_id_var
+from gateway.metrics import REQUEST_LATENCY, REQUESTS
+
+access_log = logging.getLogger("tern.access")
+error_log = logging.getLogger("tern.error")
+
+REQUEST_ID_HEADER = b"x-request-id"
+_SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value
+    return None
+
+
+def _request_id(scope: Scope) -> str:
+    """Honour a caller's id when it is short and harmless; otherwise make one."""
+    incoming = _header(scope, REQUEST_ID_HEADER)
+    if incoming is not None and _SANE_REQUEST_ID.fullmatch(incoming):
+        return incoming.decode()
+    return uuid.uuid4().hex
+
+
+def _route_template(scope: Scope) -> str:
+    route = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+def _too_large(limit: int) -> str:
+    return f"Request body too large: the limit is {limit} bytes."
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = _request_id(scope)
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)
+        started = time.perf_counter()
+        status = 500
+        response_started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, response_started
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                response_started = True
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, request_id.encode())]
+            await send(message)
+
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    # FastAPI re-raises HTTPException from body reading; errors.py shapes it.
+                    raise HTTPException(413, _too_large(self.max_body_bytes))
+            return message
+
+        try:
+            declared = _header(scope, b"content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                error = OpenAIError(413, _too_large(self.max_body_bytes))
+                await error.response()(scope, receive, send_with_id)
+            else:
+                await self.app(scope, limited_receive, send_with_id)
+        except Exception:
+            error_log.exception("unhandled error")
+            if not response_started:
+                error = OpenAIError(500, "Internal server error.", type="server_error")
+                await error.response()(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = _route_template(scope)
+            method = scope["method"]
+            REQUESTS.labels(method=method, route=route, status=str(status)).inc()
+            REQUEST_LATENCY.labels(method=method, route=route).observe(elapsed)
+            state = scope.get("state", {})
+            access_log.info(
+                "request",
+                extra={
+                    "method": method,
+                    "path": scope["path"],
+                    "route": route,
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 2),
+                    "key_id": state.get("key_id"),
+                    "tenant_id": state.get("tenant_id"),
+                },
+            )
+            request_id_var.reset(token)

@@ -1,0 +1,65 @@
+"""``/healthz`` (the process is up), ``/readyz`` (it can serve) and ``/metrics`` (Prometheus)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy import text
+
+from gateway.errors import error_body
+from gateway.metrics import REGISTRY
+
+router = APIRouter(tags=["ops"])
+log = logging.getLogger(__name__)
+
+READY_CHECK_TIMEOUT_S = 2.0
+
+
+@router.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+async def _database_ok(request: Request) -> bool:
+    async with request.app.state.db_engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
+    return True
+
+
+async def _redis_ok(request: Request) -> bool:
+    return bool(await request.app.state.redis.ping())
+
+
+async def _engine_ok(request: Request) -> bool:
+    pool = getattr(request.app.state, "engine_pool", None)
+    return pool is not None and bool(await pool.any_healthy())
+
+
+async def _check(name: str, probe, request: Request) -> bool:
+    try:
+        return await asyncio.wait_for(probe(request), READY_CHECK_TIMEOUT_S)
+    except Exception as exc:
+        log.warning("readiness check failed", extra={"check": name, "error": repr(exc)})
+        return False
+
+
+@router.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    """200 only when the database, Redis and at least one engine all answer."""
+    probes = {"database": _database_ok, "redis": _redis_ok, "engine": _engine_ok}
+    results = await asyncio.gather(*(_check(name, probe, request) for name, probe in probes.items()))
+    checks = dict(zip(probes, results, strict=True))
+    if all(results):
+        return JSONResponse({"status": "ready", "checks": checks})
+    failing = ", ".join(name for name, ok in checks.items() if not ok)
+    body = error_body(f"Not ready: {failing} unavailable.", status=503, code="not_ready")
+    return JSONResponse({**body, "checks": checks}, status_code=503)
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,137 @@
+"""Gateway fixtures: an app on a fresh database and the session's Redis, clients and keys.
+
+- ``engine_urls``: the upstreams the app is configured with (override it in a test module).
+- ``gateway_settings``: ``Settings`` pointing at the test database and Redis.
+- ``app``: the app with its lifespan running; ``client``: an httpx client bound to it.
+- ``admin_headers``: headers carrying the bootstrap platform admin key.
+- ``create_tenant_and_key(**key_fields)``: a new tenant and a key for it, through the admin API.
+- ``gateway_process(**env)``: a real ``uvicorn`` gateway subprocess; returns its base URL.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.app import create_app
+from gateway.config import Settings
+from gateway.local_services import free_port
+
+TEST_SECRET = "test-secret-for-hmac-0123456789abcdef"
+TEST_ADMIN_KEY = "test-bootstrap-admin-key-0123456789abcdef"
+_tenant_counter = itertools.count()
+
+CreateTenantAndKey = Callable[..., Awaitable[tuple[dict[str, Any], str, str]]]
+
+
+@pytest.fixture
+def engine_urls() -> list[str]:
+    return []
+
+
+@pytest.fixture
+def gateway_settings(database_url: str, redis_url: str, engine_urls: list[str]) -> Settings:
+    return Settings(
+        database_url=database_url,
+        redis_url=redis_url,
+        secret=TEST_SECRET,
+        admin_key=TEST_ADMIN_KEY,
+        engine_urls=engine_urls,
+        log_json=True,
+        log_level="WARNING",
+    )
+
+
+@pytest.fixture
+async def app(gateway_settings: Settings) -> AsyncIterator[FastAPI]:
+    application = create_app(gateway_settings)
+    async with application.router.lifespan_context(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+        yield http
+
+
+@pytest.fixture
+def admin_headers() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def create_tenant_and_key(client: httpx.AsyncClient, admin_headers: dict[str, str]) -> CreateTenantAndKey:
+    """``await create_tenant_and_key(models=[...], rpm_limit=...)`` -> (tenant, key secret, key id)."""
+
+    async def create(**key_fields: Any) -> tuple[dict[str, Any], str, str]:
+        name = f"tenant-{os.getpid()}-{next(_tenant_counter)}"
+        response = await client.post("/admin/tenants", json={"name": name}, headers=admin_headers)
+        assert response.status_code == 201, response.text
+        tenant = response.json()
+        body = {"tenant_id": tenant["id"], "name": f"{name}-key", "kind": "inference", **key_fields}
+        response = await client.post("/admin/keys", json=body, headers=admin_headers)
+        assert response.status_code == 201, response.text
+        created = response.json()
+        return tenant, created["key"], created["id"]
+
+    return create
+
+
+@pytest.fixture
+def gateway_process(gateway_settings: Settings) -> Iterator[Callable[..., str]]:
+    """Start real gateway processes sharing the test database and Redis; all stopped after the test."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(**env_overrides: str) -> str:
+        port = free_port()
+        env = {
+            **os.environ,
+            "TERN_DATABASE_URL": gateway_settings.database_url,
+            "TERN_REDIS_URL": gateway_settings.redis_url,
+            "TERN_SECRET": TEST_SECRET,
+            "TERN_ADMIN_KEY": TEST_ADMIN_KEY,
+            "TERN_ENGINE_URLS": ",".join(gateway_settings.engine_urls),
+            "TERN_LOG_LEVEL": "WARNING",
+            **env_overrides,
+        }
+        command = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
+        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+        processes.append(process)
+        base_url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"gateway process exited with {process.returncode}")
+            try:
+                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                    return base_url
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("gateway process did not become healthy in 30 s")
+            time.sleep(0.1)
+
+    yield start
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

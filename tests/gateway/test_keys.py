@@ -1,0 +1,144 @@
+"""API keys through the admin API: created and shown once, hidden in lists, revoked, rotated, expired."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+
+from gateway.keys.format import has_valid_checksum, key_kind
+from tests.gateway.conftest import CreateTenantAndKey, bearer
+
+pytestmark = pytest.mark.anyio
+
+
+async def whoami(client: httpx.AsyncClient, key: str) -> httpx.Response:
+    """Any admin-guarded GET answers 401 for a bad key; with an inference key it answers 403."""
+    return await client.get("/admin/tenants", headers=bearer(key))
+
+
+async def test_create_shows_the_key_once_and_lists_hide_it(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, secret, key_id = await create_tenant_and_key(models=["smollm2"], rpm_limit=60)
+    assert has_valid_checksum(secret) and key_kind(secret) == "inference"
+
+    listed = (await client.get(f"/admin/keys?tenant_id={tenant['id']}", headers=admin_headers)).json()
+    fetched = (await client.get(f"/admin/keys/{key_id}", headers=admin_headers)).json()
+    assert [k["id"] for k in listed["data"]] == [key_id]
+    for shown in (listed["data"][0], fetched):
+        assert "key" not in shown and "secret_hash" not in shown
+        assert secret not in str(shown)
+        assert shown["hint"] == f"tern_sk_...{secret[-4:]}"
+        assert shown["models"] == ["smollm2"] and shown["rpm_limit"] == 60
+
+
+async def test_key_authenticates_and_records_last_use(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, _, _ = await create_tenant_and_key()
+    response = await client.post(
+        "/admin/keys", json={"tenant_id": tenant["id"], "name": "ops", "kind": "admin"}, headers=admin_headers
+    )
+    admin_key = response.json()
+    assert key_kind(admin_key["key"]) == "admin"
+    assert admin_key["last_used_at"] is None
+
+    assert (await whoami(client, admin_key["key"])).status_code == 200
+    fetched = (await client.get(f"/admin/keys/{admin_key['id']}", headers=admin_headers)).json()
+    assert fetched["last_used_at"] is not None
+
+
+async def test_revoked_key_is_refused(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, _, _ = await create_tenant_and_key()
+    created = (
+        await client.post(
+            "/admin/keys",
+            json={"tenant_id": tenant["id"], "name": "a", "kind": "admin"},
+            headers=admin_headers,
+        )
+    ).json()
+    assert (await whoami(client, created["key"])).status_code == 200
+
+    revoked = await client.post(f"/admin/keys/{created['id']}/revoke", headers=admin_headers)
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
+
+    refused = await whoami(client, created["key"])
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "key_revoked"
+
+
+async def test_rotation_with_grace_keeps_the_old_key_until_the_grace_ends(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, _, _ = await create_tenant_and_key()
+    old = (
+        await client.post(
+            "/admin/keys",
+            json={"tenant_id": tenant["id"], "name": "a", "kind": "admin", "rpm_limit": 7},
+            headers=admin_headers,
+        )
+    ).json()
+
+    rotated = await client.post(
+        f"/admin/keys/{old['id']}/rotate", json={"grace_seconds": 3600}, headers=admin_headers
+    )
+    assert rotated.status_code == 201
+    new = rotated.json()
+    assert new["key"] != old["key"] and new["rotated_from"] == old["id"] and new["rpm_limit"] == 7
+    assert (await whoami(client, new["key"])).status_code == 200
+    assert (await whoami(client, old["key"])).status_code == 200  # still inside the grace period
+    old_now = (await client.get(f"/admin/keys/{old['id']}", headers=admin_headers)).json()
+    expires = datetime.fromisoformat(old_now["expires_at"])
+    assert timedelta(minutes=59) < expires - datetime.now(UTC) <= timedelta(hours=1)
+
+    # Rotating the new key without grace retires it at once.
+    newest = (await client.post(f"/admin/keys/{new['id']}/rotate", headers=admin_headers)).json()
+    refused = await whoami(client, new["key"])
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "key_expired"
+    assert (await whoami(client, newest["key"])).status_code == 200
+
+
+async def test_expired_key_is_refused(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, _, _ = await create_tenant_and_key()
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    created = (
+        await client.post(
+            "/admin/keys",
+            json={"tenant_id": tenant["id"], "name": "a", "kind": "admin", "expires_at": soon.isoformat()},
+            headers=admin_headers,
+        )
+    ).json()
+    assert (await whoami(client, created["key"])).status_code == 200
+    await asyncio.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.05)
+    refused = await whoami(client, created["key"])
+    assert refused.status_code == 401
+    assert refused.json()["error"]["code"] == "key_expired"
+
+
+async def test_expiry_in_the_past_is_rejected(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, _, _ = await create_tenant_and_key()
+    past = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
+    body = {"tenant_id": tenant["id"], "name": "a", "kind": "inference", "expires_at": past}
+    response = await client.post("/admin/keys", json=body, headers=admin_headers)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "expires_at"
+
+
+async def test_patch_changes_limits_and_clears_with_null(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    _, _, key_id = await create_tenant_and_key(rpm_limit=10, tpm_limit=1000)
+    response = await client.patch(
+        f"/admin/keys/{key_id}", json={"rpm_limit": 20, "tpm_limit": None}, headers=admin_headers
+    )
+    assert response.status_code == 200
+    assert response.json()["rpm_limit"] == 20 and response.json()["tpm_limit"] is None
+    assert response.json()["name"].endswith("-key")  # untouched

@@ -1,0 +1,313 @@
+"""The /v1 surface through the app (real Postgres and Redis) to a fake engine over real HTTP.
+
+Streaming and disconnects need a real socket on the client side too: see test_proxy_streaming.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fake_engine import REPLY, FakeEngine
+from fastapi import FastAPI
+
+from gateway.proxy.relay import RelayOutcome
+
+pytestmark = pytest.mark.anyio
+
+CreateTenantAndKey = Callable[..., Awaitable[tuple[dict[str, Any], str, str]]]
+
+CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}]}
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+@pytest.fixture
+def fake_engines() -> Iterator[list[FakeEngine]]:
+    engines = [FakeEngine().start(), FakeEngine().start()]
+    yield engines
+    for engine in engines:
+        engine.stop()
+
+
+@pytest.fixture
+def engine_urls(fake_engines: list[FakeEngine]) -> list[str]:
+    return [e.url for e in fake_engines]
+
+
+@pytest.fixture
+async def key(create_tenant_and_key: CreateTenantAndKey) -> dict[str, str]:
+    _, secret, _ = await create_tenant_and_key()
+    return bearer(secret)
+
+
+@pytest.fixture
+def outcomes(app: FastAPI) -> list[RelayOutcome]:
+    recorded: list[RelayOutcome] = []
+
+    async def record(outcome: RelayOutcome) -> None:
+        recorded.append(outcome)
+
+    app.state.completion_hooks.append(record)
+    return recorded
+
+
+def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["x-request-id"]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+async def set_healthy(app: FastAPI, engine: FakeEngine, healthy: bool) -> None:
+    engine.healthy = healthy
+    await app.state.engine_pool.probe_all()
+
+
+async def test_chat_completion_non_streaming(
+    client: httpx.AsyncClient, key: dict[str, str], outcomes: list[RelayOutcome]
+) -> None:
+    response = await client.post(
+        "/v1/chat/completions", json=CHAT | {"max_tokens": 2}, headers=key | {"x-request-id": "req-123"}
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["x-request-id"] == "req-123"
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert body["id"] == "chatcmpl-req-123" and body["object"] == "chat.completion"
+    assert body["model"] == "fake-model"
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello from"},
+            "logprobs": None,
+            "finish_reason": "length",
+        }
+    ]
+    assert body["usage"] == {
+        "prompt_tokens": 2,
+        "completion_tokens": 2,
+        "total_tokens": 4,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
+    [outcome] = outcomes
+    assert (outcome.request_id, outcome.status, outcome.finish_reason) == ("req-123", 200, "length")
+    assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_exact) == (2, 2, True)
+    assert outcome.endpoint == "chat.completions" and not outcome.stream and outcome.ttft_s is not None
+
+
+async def test_request_reaches_engine_as_rpc(
+    client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine]
+) -> None:
+    body = CHAT | {"temperature": 0, "stop": "x", "seed": 7, "top_k": 5, "user": "ignored"}
+    response = await client.post("/v1/chat/completions", json=body, headers=key)
+    assert response.status_code == 200, response.text
+    [sent] = [r for e in fake_engines for r in e.received]
+    assert sent.request_id == response.headers["x-request-id"]
+    assert (sent.sampling.temperature, sent.sampling.stop, sent.sampling.seed, sent.sampling.top_k) == (
+        0,
+        ["x"],
+        7,
+        5,
+    )
+    assert sent.cache_namespace  # the tenant: tenants never share prefix-cache blocks
+
+
+async def test_text_completion_non_streaming(client: httpx.AsyncClient, key: dict[str, str]) -> None:
+    response = await client.post(
+        "/v1/completions", json={"model": "fake-model", "prompt": "a b c"}, headers=key
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "".join(REPLY)
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"]["prompt_tokens"] == 3 and body["usage"]["completion_tokens"] == len(REPLY)
+
+
+@pytest.mark.parametrize(
+    ("content", "param", "fragment"),
+    [
+        (b'{"model": "fake-model", "messages": [', None, "valid JSON"),
+        (b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "foo": 1}', "foo", "foo"),
+        (b'{"model": "fake-model"}', "messages", "messages"),
+        (b'{"model": "fake-model", "messages": [{"role": "user", "content": "x"}], "n": 99}', "n", "n"),
+        (b'"just a string"', None, "JSON object"),
+    ],
+)
+async def test_bad_input_is_an_openai_shaped_400(
+    client: httpx.AsyncClient,
+    key: dict[str, str],
+    fake_engines: list[FakeEngine],
+    content: bytes,
+    param: str | None,
+    fragment: str,
+) -> None:
+    response = await client.post(
+        "/v1/chat/completions", content=content, headers=key | {"content-type": "application/json"}
+    )
+    error = assert_openai_error(response, 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert fragment in error["message"]
+    assert not any(e.received for e in fake_engines)
+
+
+async def test_oversize_body_is_413(
+    client: httpx.AsyncClient, key: dict[str, str], app: FastAPI, fake_engines: list[FakeEngine]
+) -> None:
+    limit = app.state.settings.max_body_bytes
+    big = CHAT | {"messages": [{"role": "user", "content": "x" * (limit + 1)}]}
+    assert_openai_error(await client.post("/v1/chat/completions", json=big, headers=key), 413)
+
+    async def chunks() -> Any:  # no content-length: the limit applies while reading
+        yield b'{"model": "fake-model", "prompt": "'
+        for _ in range(limit // 65536 + 2):
+            yield b"x" * 65536
+        yield b'"}'
+
+    response = await client.post("/v1/completions", content=chunks(), headers=key)
+    assert_openai_error(response, 413)
+    assert not any(e.received for e in fake_engines)
+
+
+async def test_model_not_allowed_for_key_is_403(
+    client: httpx.AsyncClient, create_tenant_and_key: CreateTenantAndKey, fake_engines: list[FakeEngine]
+) -> None:
+    _, secret, _ = await create_tenant_and_key(models=["some-other-model"])
+    response = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret))
+    error = assert_openai_error(response, 403, "model_not_allowed")
+    assert error["param"] == "model"
+    assert not any(e.received for e in fake_engines)
+
+
+async def test_unknown_model_is_404(client: httpx.AsyncClient, key: dict[str, str]) -> None:
+    response = await client.post("/v1/chat/completions", json=CHAT | {"model": "nope"}, headers=key)
+    assert_openai_error(response, 404, "model_not_found")
+
+
+async def test_models_are_filtered_by_the_key_scope(
+    client: httpx.AsyncClient, key: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    response = await client.get("/v1/models", headers=key)
+    assert response.status_code == 200
+    assert response.json()["object"] == "list"
+    assert [m["id"] for m in response.json()["data"]] == ["fake-model"]
+    _, scoped, _ = await create_tenant_and_key(models=["some-other-model"])
+    response = await client.get("/v1/models", headers=bearer(scoped))
+    assert response.json()["data"] == []
+
+
+async def test_no_healthy_engine_is_503_and_not_ready(
+    client: httpx.AsyncClient,
+    key: dict[str, str],
+    app: FastAPI,
+    fake_engines: list[FakeEngine],
+    outcomes: list[RelayOutcome],
+) -> None:
+    for engine in fake_engines:
+        await set_healthy(app, engine, False)
+    error = assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=key), 503)
+    assert error["code"] == "engine_unavailable" and error["type"] == "server_error"
+    assert outcomes[-1].status == 503 and outcomes[-1].completion_tokens == 0
+    ready = await client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["checks"]["engine"] is False
+
+    await set_healthy(app, fake_engines[1], True)
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
+    assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_unhealthy_engine_leaves_rotation_and_returns(
+    client: httpx.AsyncClient, key: dict[str, str], app: FastAPI, fake_engines: list[FakeEngine]
+) -> None:
+    first, second = fake_engines
+    await set_healthy(app, first, False)
+    for _ in range(4):
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
+    assert (len(first.received), len(second.received)) == (0, 4)
+
+    await set_healthy(app, first, True)
+    for _ in range(4):
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
+    assert len(first.received) > 0
+
+
+async def test_engine_that_went_away_is_skipped(
+    client: httpx.AsyncClient, key: dict[str, str], app: FastAPI, fake_engines: list[FakeEngine]
+) -> None:
+    """A refused connection takes the engine out at once and the request goes to another one."""
+    first, second = fake_engines
+    first.stop()
+    for _ in range(3):
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
+    assert len(second.received) == 3
+    assert [u.healthy for u in app.state.engine_pool.upstreams] == [False, True]
+    second.stop()
+    assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=key), 503)
+
+
+@pytest.mark.parametrize(
+    ("mode", "status", "code"),
+    [("context_length", 400, "context_length_exceeded"), ("error_status", 500, None)],
+)
+async def test_engine_refusals_are_relayed_with_their_status(
+    client: httpx.AsyncClient,
+    key: dict[str, str],
+    fake_engines: list[FakeEngine],
+    outcomes: list[RelayOutcome],
+    mode: str,
+    status: int,
+    code: str | None,
+) -> None:
+    for engine in fake_engines:
+        engine.mode = mode  # type: ignore[assignment]
+    for stream in (False, True):
+        response = await client.post("/v1/chat/completions", json=CHAT | {"stream": stream}, headers=key)
+        assert_openai_error(response, status, code)
+    assert [o.status for o in outcomes] == [status, status]
+
+
+async def test_engine_error_mid_generation_non_streaming(
+    client: httpx.AsyncClient,
+    key: dict[str, str],
+    fake_engines: list[FakeEngine],
+    outcomes: list[RelayOutcome],
+) -> None:
+    for engine in fake_engines:
+        engine.mode = "error_midstream"
+    response = await client.post("/v1/chat/completions", json=CHAT, headers=key)
+    assert_openai_error(response, 500, "engine_error")
+    assert outcomes[0].completion_tokens == 2 and outcomes[0].finish_reason == "error"
+
+
+async def test_refusals_on_the_proxy_route(
+    client: httpx.AsyncClient,
+    admin_headers: dict[str, str],
+    create_tenant_and_key: CreateTenantAndKey,
+    fake_engines: list[FakeEngine],
+) -> None:
+    assert_openai_error(await client.post("/v1/chat/completions", json=CHAT), 401)
+    assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=admin_headers), 403)
+    assert_openai_error(await client.get("/v1/models", headers=admin_headers), 403)
+
+    tenant, secret, key_id = await create_tenant_and_key()
+    revoked = await client.post(f"/admin/keys/{key_id}/revoke", headers=admin_headers)
+    assert revoked.status_code == 200, revoked.text
+    assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret)), 401)
+
+    tenant, secret, _ = await create_tenant_and_key()
+    suspended = await client.patch(
+        f"/admin/tenants/{tenant['id']}", json={"status": "suspended"}, headers=admin_headers
+    )
+    assert suspended.status_code == 200, suspended.text
+    assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret)), 403)
+    assert not any(e.received for e in fake_engines)
