@@ -1,0 +1,95 @@
+"""Checkpoint layouts -> canonical quantized weights (:mod:`engine.layers.quant.weights`).
+
+Each function takes the tensors as stored in the checkpoint and only reorders bits; no value is
+re-quantized, so a loaded model computes with exactly the weights its checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.layers.quant.weights import Int4Weight, TernaryWeight
+
+# AutoAWQ's GEMM kernel packs output column ``8c + AWQ_ORDER[i]`` into nibble ``i`` of word ``c``.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_REVERSE_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+GGUF_BLOCK = 32
+_GGUF_BLOCK_BYTES = {"Q4_0": 2 + 16, "Q4_1": 2 + 2 + 16}
+
+
+def _unpack_awq_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """int32 ``[R, C/8]`` in AWQ order -> uint8 ``[R, C]`` in natural column order."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    nibbles = (packed.to(torch.int32)[:, :, None] >> shifts) & 0xF  # [R, C/8, 8] by nibble index
+    reorder = torch.tensor(AWQ_REVERSE_ORDER, device=packed.device)
+    return nibbles[:, :, reorder].reshape(packed.shape[0], -1).to(torch.uint8)
+
+
+def int4_from_awq_gemm(
+    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+) -> Int4Weight:
+    """AutoAWQ ``WQLinear_GEMM`` tensors (``qweight [K, N/8]``, ``qzeros [K/G, N/8]`` int32,
+    ``scales [K/G, N]`` fp16; ``w = (q - zero) * scale``) -> :class:`Int4Weight`."""
+    codes = _unpack_awq_nibbles(qweight)  # [K, N]
+    zeros = _unpack_awq_nibbles(qzeros).float()  # [K/G, N]
+    if codes.shape[0] != zeros.shape[0] * group_size or tuple(scales.shape) != tuple(zeros.shape):
+        raise ValueError(
+            f"AWQ tensors do not agree: qweight {tuple(qweight.shape)}, qzeros {tuple(qzeros.shape)}, "
+            f"scales {tuple(scales.shape)}, group {group_size}"
+        )
+    scale = scales.float()
+    return Int4Weight(
+        codes=codes.t().contiguous(),
+        scales=scale.t().contiguous(),
+        mins=(-zeros * scale).t().contiguous(),
+        group_size=group_size,
+    )
+
+
+def int4_from_gguf(blocks: np.ndarray | torch.Tensor, shape: tuple[int, int], quant_type: str) -> Int4Weight:
+    """Raw GGUF ``Q4_0``/``Q4_1`` bytes of a ``[N, K]`` tensor (``[N, K/32 * block_bytes]`` uint8)
+    -> :class:`Int4Weight` with group 32. Q4_0 is ``w = d * (q - 8)``, Q4_1 ``w = d * q + m``."""
+    if quant_type not in _GGUF_BLOCK_BYTES:
+        raise ValueError(f"unsupported GGUF type {quant_type!r}; expected Q4_0 or Q4_1")
+    n, k = shape
+    if k % GGUF_BLOCK:
+        raise ValueError(f"GGUF {quant_type} rows must be a multiple of {GGUF_BLOCK}, got {k}")
+    raw = torch.as_tensor(np.ascontiguousarray(blocks)).view(torch.uint8).reshape(n, k // GGUF_BLOCK, -1)
+    if raw.shape[-1] != _GGUF_BLOCK_BYTES[quant_type]:
+        raise ValueError(f"{quant_type} blocks must be {_GGUF_BLOCK_BYTES[quant_type]} bytes")
+    d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+    if quant_type == "Q4_0":
+        mins, qs = -8 * d, raw[..., 2:]
+    else:
+        mins, qs = raw[..., 2:4].contiguous().view(torch.float16)[..., 0].float(), raw[..., 4:]
+    # Byte j of a block holds element j (low nibble) and element j + 16 (high nibble).
+    codes = torch.cat([qs & 0xF, qs >> 4], dim=-1).reshape(n, k)
+    return Int4Weight(codes=codes, scales=d, mins=mins, group_size=GGUF_BLOCK)
+
+
+def ternary_from_bitnet(weight: torch.Tensor, weight_scale: torch.Tensor, out_features: int) -> TernaryWeight:
+    """transformers' packed BitNet weight -> :class:`TernaryWeight`.
+
+    ``weight`` is uint8 ``[ceil(N/4), K]``: bits ``2i`` of row ``r`` hold ``value + 1`` of output row
+    ``i * ceil(N/4) + r``. The layer computes ``y / weight_scale``, so ``scale = 1 / weight_scale``.
+    """
+    rows = weight.shape[0]
+    if rows * 4 < out_features or (rows - 1) * 4 >= out_features:
+        raise ValueError(f"packed BitNet weight {tuple(weight.shape)} cannot hold {out_features} rows")
+    planes = [((weight >> (2 * i)) & 0x3) for i in range(4)]
+    values = (torch.cat(planes, dim=0)[:out_features].to(torch.int8) - 1).contiguous()
+    return TernaryWeight(values=values, scale=1.0 / float(weight_scale.float().reshape(-1)[0]))
+
+
+def bitnet_packed_from_ternary(ternary: TernaryWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inverse of :func:`ternary_from_bitnet`: ``(weight uint8 [ceil(N/4), K], weight_scale [1])``."""
+    n, k = ternary.values.shape
+    rows = -(-n // 4)
+    codes = torch.ones((rows * 4, k), dtype=torch.uint8)
+    codes[:n] = (ternary.values.to(torch.int16) + 1).to(torch.uint8)
+    packed = torch.zeros((rows, k), dtype=torch.uint8)
+    for i in range(4):
+        packed |= codes[i * rows : (i + 1) * rows] << (2 * i)
+    return packed, torch.tensor([1.0 / ternary.scale])

@@ -1,0 +1,67 @@
+"""Swap a loaded model's ``nn.Linear`` modules for quantized ones, in place (as gpt-fast does)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+from torch import nn
+
+from engine.layers.quant.linear import Backend, Int4Linear, TernaryLinear
+from engine.layers.quant.weights import Int4Weight, TernaryWeight
+
+QuantMethod = Literal["int4", "bitnet"]
+DEFAULT_SKIP = ("lm_head",)  # the output head stays in float: it is tied to the embedding in many models
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    return any(name == s or name.endswith("." + s) for s in skip)
+
+
+def quantize_linears(
+    model: nn.Module,
+    method: QuantMethod,
+    *,
+    group_size: int = 128,
+    skip: Iterable[str] = DEFAULT_SKIP,
+    backend: Backend | None = None,
+) -> list[str]:
+    """Quantize every float ``nn.Linear`` not in ``skip`` (RTN for int4, absmean for bitnet).
+
+    Returns the names of the replaced modules.
+    """
+    replaced = []
+    for name, module in list(model.named_modules()):
+        if type(module) is not nn.Linear or _skipped(name, skip):
+            continue
+        if method == "int4":
+            new: nn.Module = Int4Linear.from_linear(module, group_size, backend=backend)
+        else:
+            new = TernaryLinear.from_linear(module, backend=backend)
+        model.set_submodule(name, new)
+        replaced.append(name)
+    return replaced
+
+
+def install_quantized_weights(
+    model: nn.Module,
+    weights: Mapping[str, Int4Weight | TernaryWeight],
+    *,
+    backend: Backend | None = None,
+) -> None:
+    """Replace the linears named in ``weights`` (module names, e.g. ``model.layers.0.mlp.up_proj``)
+    by quantized ones holding those checkpoint weights; biases and dtype come from the old module."""
+    for name, weight in weights.items():
+        old = model.get_submodule(name)
+        if not isinstance(old, nn.Linear):
+            raise TypeError(f"{name} is a {type(old).__name__}, not an nn.Linear")
+        if (weight.out_features, weight.in_features) != (old.out_features, old.in_features):
+            raise ValueError(
+                f"{name}: checkpoint weight is {weight.out_features}x{weight.in_features}, "
+                f"the model expects {old.out_features}x{old.in_features}"
+            )
+        cls = Int4Linear if isinstance(weight, Int4Weight) else TernaryLinear
+        device, dtype = old.weight.device, old.weight.dtype
+        if device.type == "meta":
+            device = None
+        model.set_submodule(name, cls(weight, old.bias, device=device, dtype=dtype, backend=backend))
