@@ -6,9 +6,10 @@ import uuid
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import ORJSONResponse, Response
+from fastapi.responses import Response
 
 from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse_request
+from engine.protocol import ModelList
 from gateway.errors import OpenAIError
 from gateway.keys.deps import InferenceKey
 from gateway.proxy import service
@@ -46,8 +47,8 @@ def request_id_of(request: Request) -> str:
 
 
 @router.get("/models")
-async def list_models(key: InferenceKey, pool: Pool) -> Response:
-    return ORJSONResponse(service.list_models(pool=pool, key=key).model_dump())
+async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
+    return service.list_models(pool=pool, key=key)
 
 
 @router.post("/chat/completions")
