@@ -1,5 +1,5 @@
 """Model loading: Hugging Face directories (safetensors) and GGUF files, see `load.py`."""
 
-from engine.loader.load import LoadedModel, default_model_path, load_model, resolve_device
+from engine.loader.load import LoadedModel, default_model_path, load_model, load_tokenizer, resolve_device
 
-__all__ = ["LoadedModel", "default_model_path", "load_model", "resolve_device"]
+__all__ = ["LoadedModel", "default_model_path", "load_model", "load_tokenizer", "resolve_device"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,38 +68,70 @@ def load_model(
     progress: bool = True,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA."""
-    path = default_model_path() if path is None else Path(path)
+    checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = _build_model(checkpoint.config, device, dtype)
+    bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
+    _load_weights(model, checkpoint.tensors(), bar)
+    if bar is not None:
+        bar.close()
+    return LoadedModel(
+        model=model.eval(),
+        tokenizer=checkpoint.tokenizer,
+        config=checkpoint.config,
+        name=checkpoint.name,
+        path=checkpoint.path,
+    )
+
+
+def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
+    """Only the tokenizer (with the model's eos ids) of a model path, without reading weights."""
+    return _open(path).tokenizer
+
+
+@dataclass
+class _Checkpoint:
+    path: Path
+    name: str
+    config: ModelConfig
+    tokenizer: Tokenizer
+    num_tensors: int
+    tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+
+
+def _open(path: str | Path | None) -> _Checkpoint:
+    path = default_model_path() if path is None else Path(path)
     if path.is_dir():
         config = ModelConfig.from_hf_dir(path)
-        tokenizer = Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids)
         files = safetensors_files.safetensors_files(path)
-        total = safetensors_files.count_tensors(files)
-        tensors = safetensors_files.iter_tensors(files)
-        name = path.name
-    elif path.suffix == ".gguf":
+        return _Checkpoint(
+            path=path,
+            name=path.name,
+            config=config,
+            tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
+            num_tensors=safetensors_files.count_tensors(files),
+            tensors=lambda: safetensors_files.iter_tensors(files),
+        )
+    if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
         metadata = gguf_file.read_metadata(reader)
         config = ModelConfig.from_gguf_metadata(metadata, {t.name for t in reader.tensors})
-        tokenizer = Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids)
-        total = len(reader.tensors)
-        tensors = gguf_file.iter_tensors(
-            reader, metadata["general.architecture"], config.num_attention_heads, config.num_key_value_heads
+        architecture = metadata["general.architecture"]
+        return _Checkpoint(
+            path=path,
+            name=_name_from_stem(path.stem),
+            config=config,
+            tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
+            num_tensors=len(reader.tensors),
+            tensors=lambda: gguf_file.iter_tensors(
+                reader, architecture, config.num_attention_heads, config.num_key_value_heads
+            ),
         )
-        name = _name_from_stem(path.stem)
-    elif path.exists():
+    if path.exists():
         raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
-    else:
-        raise FileNotFoundError(f"model path {path} does not exist")
-
-    model = _build_model(config, device, dtype)
-    bar = ProgressBar(total, f"Loading {name}") if progress else None
-    _load_weights(model, tensors, bar)
-    if bar is not None:
-        bar.close()
-    return LoadedModel(model=model.eval(), tokenizer=tokenizer, config=config, name=name, path=path)
+    raise FileNotFoundError(f"model path {path} does not exist")
 
 
 def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
