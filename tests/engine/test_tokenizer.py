@@ -89,8 +89,9 @@ def test_chat_template_matches_transformers(
     pair: tuple[Tokenizer, Any], conversation: list[dict[str, str]], add_generation_prompt: bool
 ) -> None:
     ours, hf = pair
-    expected = hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt)
-    assert ours.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt) == expected
+    prompt = add_generation_prompt
+    expected = hf.apply_chat_template(conversation, tokenize=False, add_generation_prompt=prompt)
+    assert ours.apply_chat_template(conversation, add_generation_prompt=prompt) == expected
     expected_ids = hf.apply_chat_template(
         conversation, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
     )
@@ -119,9 +120,8 @@ def test_template_features_match_transformers(default_tokenizer: Tokenizer, hf_g
         {"role": "user", "content": "ünï"},
     ]
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "<city> weather"}}]
-    ours = Tokenizer(
-        default_tokenizer.backend, special_tokens=default_tokenizer.special_tokens, chat_template=FEATURE_TEMPLATE
-    )
+    special = default_tokenizer.special_tokens
+    ours = Tokenizer(default_tokenizer.backend, special_tokens=special, chat_template=FEATURE_TEMPLATE)
     expected = hf_gguf_tokenizer.apply_chat_template(
         messages, tools=tools, chat_template=FEATURE_TEMPLATE, tokenize=False, add_generation_prompt=True
     )
@@ -146,7 +146,8 @@ def test_special_token_ids(default_tokenizer: Tokenizer, hf_gguf_tokenizer: Any)
 
 
 def test_eos_ids_combine_model_config_and_tokenizer(default_tokenizer: Tokenizer) -> None:
-    tok = Tokenizer(default_tokenizer.backend, special_tokens=default_tokenizer.special_tokens, eos_token_ids=(0,))
+    special = default_tokenizer.special_tokens
+    tok = Tokenizer(default_tokenizer.backend, special_tokens=special, eos_token_ids=(0,))
     assert tok.eos_token_ids == (0, default_tokenizer.eos_token_id)
 
 
