@@ -17,6 +17,7 @@ import torch
 
 from engine.loader import LoadedModel, default_model_path, load_model, load_tokenizer
 from engine.tokenizer import Tokenizer
+from tests.engine.tiny_engine import byte_tokenizer, make_engine  # noqa: F401  (fixtures)
 
 # Tiny architectures checked against transformers. Shapes stay small so CPU tests are quick;
 # the vocabulary is the real SmolLM2 one so prompts are real text.

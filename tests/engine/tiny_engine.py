@@ -1,0 +1,91 @@
+"""Tiny random-weight engines for fast tests: a 2-layer Llama and a byte-level tokenizer.
+
+The byte tokenizer maps every UTF-8 byte to its own token, so multi-byte characters and
+stop strings naturally straddle token boundaries. The fixtures are re-exported by
+``tests/engine/conftest.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from tokenizers import Tokenizer as Backend
+from tokenizers import decoders, models, pre_tokenizers
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaForCausalLM
+from engine.tokenizer import Tokenizer
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+EOS_ID = 256
+TINY_BLOCKS = 128
+
+EngineFactory = Callable[..., LLMEngine]
+
+
+def make_byte_tokenizer() -> Tokenizer:
+    """256 byte tokens (ids 0..255) plus <|endoftext|> (256, eos), <|im_start|>, <|im_end|>."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    return Tokenizer(backend, special_tokens={"eos_token": "<|endoftext|>"}, chat_template=CHATML_TEMPLATE)
+
+
+def make_tiny_model(seed: int = 0, **overrides: Any) -> tuple[LlamaForCausalLM, ModelConfig]:
+    fields: dict[str, Any] = dict(
+        architecture="LlamaForCausalLM",
+        vocab_size=259,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        attention_bias=False,
+    )
+    config = ModelConfig(**(fields | overrides))
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval(), config
+
+
+def make_tiny_engine(tokenizer: Tokenizer | None = None, **overrides: Any) -> LLMEngine:
+    """An engine on the tiny model: CPU, 4-token blocks, TINY_BLOCKS blocks unless overridden."""
+    model, config = make_tiny_model()
+    settings: dict[str, Any] = dict(device="cpu", block_size=4, num_kv_blocks=TINY_BLOCKS)
+    return LLMEngine(
+        EngineConfig(**(settings | overrides)),
+        model=model,
+        tokenizer=tokenizer or make_byte_tokenizer(),
+        model_config=config,
+        model_name="tiny",
+    )
+
+
+@pytest.fixture(scope="session")
+def byte_tokenizer() -> Tokenizer:
+    return make_byte_tokenizer()
+
+
+@pytest.fixture
+def make_engine(byte_tokenizer: Tokenizer) -> EngineFactory:
+    """``make_engine(**EngineConfig overrides)``: a fresh tiny engine per call."""
+
+    def factory(**overrides: Any) -> LLMEngine:
+        return make_tiny_engine(byte_tokenizer, **overrides)
+
+    return factory
