@@ -62,6 +62,7 @@ class StateDir:
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o711)
         self.logs.mkdir(exist_ok=True)
+        self.run_file.unlink(missing_ok=True)  # left behind if the last run was killed
 
     @property
     def logs(self) -> Path:
