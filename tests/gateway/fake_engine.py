@@ -64,6 +64,7 @@ class FakeEngine:
     """Request ids whose generate stream was closed by the caller before its last frame."""
     finished: list[str] = field(default_factory=list)
     health_checks: int = 0
+    generate_called: threading.Event = field(default_factory=threading.Event)
     port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
@@ -116,6 +117,7 @@ class FakeEngine:
     async def _generate(self, request: Request) -> Response:
         req = GenerateRequest.model_validate_json(await request.body())
         self.received.append(req)
+        self.generate_called.set()
         if req.model not in (None, self.model):
             body = error_body(f"The model '{req.model}' does not exist.", status=404, code="model_not_found")
             return JSONResponse(body, status_code=404)
