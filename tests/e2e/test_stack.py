@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -206,6 +207,33 @@ def test_streaming_chat_completion(client: openai.OpenAI, model: str) -> None:
     usage = chunks[-1].usage
     assert usage is not None and 0 < usage.completion_tokens <= 24
     reported_usage.append(usage)
+
+
+def test_usage_report_shows_exactly_the_tokens_the_engine_reported(
+    admin: httpx.Client, tenant_key: dict[str, Any]
+) -> None:
+    assert len(reported_usage) == 2, "runs after the two completions above"
+    today = datetime.now(UTC).date()
+    query = {
+        "tenant": tenant_key["tenant"]["id"],
+        "from": (today - timedelta(days=1)).isoformat(),
+        "to": (today + timedelta(days=1)).isoformat(),
+        "group_by": "key",
+    }
+    deadline = time.monotonic() + 30
+    while True:  # usage is buffered and flushed in the background
+        report = admin.get("/admin/reports/usage", params=query)
+        assert report.status_code == 200, report.text
+        if report.json()["totals"]["requests"] >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    rows = report.json()["rows"]
+    assert [row["key_id"] for row in rows] == [tenant_key["id"]]
+    (row,) = rows
+    assert row["requests"] == 2 and row["errors"] == 0
+    assert row["prompt_tokens"] == sum(usage.prompt_tokens for usage in reported_usage)
+    assert row["completion_tokens"] == sum(usage.completion_tokens for usage in reported_usage)
+    assert row["total_tokens"] == sum(usage.total_tokens for usage in reported_usage)
 
 
 def test_revoked_key_is_refused(
