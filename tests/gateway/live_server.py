@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import httpx
 import uvicorn
 
 T = TypeVar("T")
@@ -59,3 +60,15 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(timeout=15)
+
+
+def create_inference_key(base_url: str, admin_key: str, **key_fields: Any) -> str:
+    """A new tenant and an inference key for it, through the live gateway's admin API; returns the secret."""
+    admin = {"Authorization": f"Bearer {admin_key}"}
+    with httpx.Client(base_url=base_url, timeout=30, headers=admin) as client:
+        tenant = client.post("/admin/tenants", json={"name": f"tenant-{free_port()}"})
+        assert tenant.status_code == 201, tenant.text
+        body = {"tenant_id": tenant.json()["id"], "name": "key", "kind": "inference", **key_fields}
+        created = client.post("/admin/keys", json=body)
+        assert created.status_code == 201, created.text
+        return created.json()["key"]

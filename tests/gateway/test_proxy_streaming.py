@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from fake_engine import REPLY, FakeEngine
-from live_server import ServerThread
+from live_server import ServerThread, create_inference_key
 
 from gateway.app import create_app
 from gateway.config import Settings
@@ -73,14 +73,10 @@ def gateway(gateway_settings: Settings, outcomes: Outcomes) -> Iterator[ServerTh
 def http(gateway: ServerThread, gateway_settings: Settings) -> Iterator[httpx.Client]:
     """A client for the live gateway carrying a fresh inference key."""
     assert gateway_settings.admin_key is not None
-    admin = {"Authorization": f"Bearer {gateway_settings.admin_key.get_secret_value()}"}
-    with httpx.Client(base_url=gateway.url, timeout=30) as client:
-        tenant = client.post("/admin/tenants", json={"name": "streaming"}, headers=admin).json()
-        created = client.post(
-            "/admin/keys", json={"tenant_id": tenant["id"], "name": "k", "kind": "inference"}, headers=admin
-        )
-        assert created.status_code == 201, created.text
-        client.headers["Authorization"] = f"Bearer {created.json()['key']}"
+    secret = create_inference_key(gateway.url, gateway_settings.admin_key.get_secret_value())
+    with httpx.Client(
+        base_url=gateway.url, timeout=30, headers={"Authorization": f"Bearer {secret}"}
+    ) as client:
         yield client
 
 
