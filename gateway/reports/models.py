@@ -44,7 +44,6 @@ class ModelPrice(Base):
     prompt_per_mtok: Mapped[Decimal] = mapped_column(PRICE, nullable=False)
     cached_prompt_per_mtok: Mapped[Decimal] = mapped_column(PRICE, nullable=False)
     completion_per_mtok: Mapped[Decimal] = mapped_column(PRICE, nullable=False)
-    currency: Mapped[str] = mapped_column(Text, nullable=False, server_default="USD")
     created_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )

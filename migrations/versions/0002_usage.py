@@ -73,7 +73,6 @@ def upgrade() -> None:
         sa.Column("prompt_per_mtok", PRICE, nullable=False),
         sa.Column("cached_prompt_per_mtok", PRICE, nullable=False),
         sa.Column("completion_per_mtok", PRICE, nullable=False),
-        sa.Column("currency", sa.Text(), nullable=False, server_default="USD"),
         sa.Column("created_at", TIMESTAMP, nullable=False, server_default=sa.func.now()),
         sa.UniqueConstraint("model", "effective_from", name="uq_model_prices_model_effective_from"),
         sa.CheckConstraint(

@@ -1,0 +1,145 @@
+"""Limits on the /v1 path: admit before dispatch, settle from the proxy's completion hook.
+
+The proxy calls :meth:`RequestLimiter.admit` after authentication and before any engine work,
+adds :meth:`Admission.headers` to its response, and :meth:`RequestLimiter.on_complete` runs as a
+completion hook with the request's real usage. A request that fails before its relay exists is
+released by :meth:`RequestLimiter.release` (settling is idempotent, so releasing twice is harmless).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import anyio
+from fastapi import Request, Response
+
+from engine.openai_protocol import ChatCompletionRequest, OpenAIRequest
+from gateway.keys.auth import AuthenticatedKey
+from gateway.limits.policies import LimitPolicies
+from gateway.limits.schemas import Admission
+from gateway.limits.service import RateLimiter, reserve_tokens
+from gateway.proxy.relay import RelayOutcome
+from gateway.reports.pricing import PriceBook
+
+BYTES_PER_TOKEN = 4
+"""The gateway has no tokenizer; a prompt is estimated at 4 bytes a token and settled exactly later."""
+
+
+def estimate_prompt_tokens(request: OpenAIRequest) -> int:
+    if isinstance(request, ChatCompletionRequest):
+        size = 0
+        for message in request.messages:
+            content = message.content
+            if isinstance(content, str):
+                size += len(content.encode())
+            elif content is not None:
+                size += sum(len(str(getattr(part, "text", "") or "").encode()) for part in content)
+        return math.ceil(size / BYTES_PER_TOKEN) + 4 * len(request.messages)
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return math.ceil(len(prompt.encode()) / BYTES_PER_TOKEN)
+    if prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    return sum(
+        len(p) if isinstance(p, list) else math.ceil(len(p.encode()) / BYTES_PER_TOKEN)
+        for p in prompt  # type: ignore[union-attr]
+    )
+
+
+def requested_max_tokens(request: OpenAIRequest) -> int | None:
+    if isinstance(request, ChatCompletionRequest):
+        return request.max_completion_tokens or request.max_tokens
+    return request.max_tokens
+
+
+class RequestLimiter:
+    def __init__(self, *, limiter: RateLimiter, policies: LimitPolicies, prices: PriceBook) -> None:
+        self.limiter = limiter
+        self.policies = policies
+        self.prices = prices
+        self._inflight: dict[tuple[str, str], list[Admission]] = defaultdict(list)
+
+    async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admission:
+        """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work."""
+        limits = await self.policies.for_request(key=key, model=request.model)
+        reserve = reserve_tokens(
+            prompt_tokens=estimate_prompt_tokens(request),
+            max_tokens=requested_max_tokens(request),
+            n=request.n,
+            default_max_tokens=self.limiter.settings.default_max_tokens,
+        )
+        admission = await self.limiter.admit(limits=limits, reserve=reserve)
+        self._inflight[(request_id, str(key.key_id))].append(admission)
+        return admission
+
+    def _take(self, request_id: str, key_id: str | None) -> Admission | None:
+        waiting = self._inflight.get((request_id, str(key_id)))
+        if not waiting:
+            return None
+        admission = waiting.pop(0)
+        if not waiting:
+            del self._inflight[(request_id, str(key_id))]
+        return admission
+
+    async def release(self, admission: Admission, *, request_id: str, key_id: str) -> None:
+        """Free an admission whose request never reached the relay (refused before dispatch)."""
+        waiting = self._inflight.get((request_id, key_id))
+        if waiting and admission in waiting:
+            waiting.remove(admission)
+            if not waiting:
+                del self._inflight[(request_id, key_id)]
+        await self.limiter.settle(admission, tokens=0)
+
+    async def on_complete(self, outcome: RelayOutcome) -> None:
+        """Completion hook: settle the reservation with the real tokens and their cost."""
+        admission = self._take(outcome.request_id, outcome.key_id)
+        if admission is None:
+            return
+        tokens = outcome.prompt_tokens + outcome.completion_tokens
+        spend = Decimal(0)
+        if any(s.monthly_spend is not None for s in admission.limits.scopes):
+            try:
+                await self.prices.refresh()
+            except Exception:  # Postgres down: the last prices loaded still apply
+                pass
+            spend = self.prices.cost(
+                model=outcome.model,
+                day=datetime.fromtimestamp(outcome.started_at, UTC).date(),
+                prompt_tokens=outcome.prompt_tokens,
+                cached_tokens=outcome.cached_tokens,
+                completion_tokens=outcome.completion_tokens,
+            )
+        await self.limiter.settle(admission, tokens=tokens, spend=spend)
+
+    async def drain(self) -> None:
+        await self.limiter.drain()
+
+
+async def dispatch_limited(
+    request: Request,
+    *,
+    key: AuthenticatedKey,
+    openai_request: OpenAIRequest,
+    request_id: str,
+    dispatch: Callable[[], Awaitable[Response]],
+) -> Response:
+    """Admit, dispatch, and put the rate-limit headers on the response.
+
+    Without a limiter on ``app.state`` (limits not started) this is just ``dispatch()``.
+    """
+    limiter: RequestLimiter | None = getattr(request.app.state, "request_limiter", None)
+    if limiter is None:
+        return await dispatch()
+    admission = await limiter.admit(key=key, request=openai_request, request_id=request_id)
+    try:
+        response = await dispatch()
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await limiter.release(admission, request_id=request_id, key_id=str(key.key_id))
+        raise
+    response.headers.update(admission.headers())
+    return response

@@ -1,0 +1,121 @@
+"""Which scopes limit a request: the key (``api_keys`` columns plus ``key_limits``), its tenant
+(``tenant_limits``) and, where configured, either of them for the requested model.
+
+Rows are cached in process for ``config_cache_s``; while Postgres is unreachable the last rows seen
+keep applying, so an outage never turns limits off.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.keys.auth import AuthenticatedKey
+from gateway.limits.config import FailurePolicy, LimitsSettings
+from gateway.limits.models import KeyLimits, TenantLimits
+from gateway.limits.schemas import RequestLimits, Scope
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    tenant: TenantLimits | None
+    key: KeyLimits | None
+
+
+def _model_scope(kind: str, owner: str, label: str, model: str, model_limits: dict[str, Any]) -> Scope | None:
+    limits = model_limits.get(model)
+    if not limits:
+        return None
+    return Scope(
+        kind=f"{kind}_model",  # type: ignore[arg-type]
+        id=owner,
+        label=f"{label} on model '{model}'",
+        model=model,
+        rpm=limits.get("rpm"),
+        tpm=limits.get("tpm"),
+        concurrency=limits.get("concurrency"),
+    )
+
+
+class LimitPolicies:
+    def __init__(self, *, sessionmaker: async_sessionmaker[AsyncSession], settings: LimitsSettings) -> None:
+        self.sessionmaker = sessionmaker
+        self.settings = settings
+        self._cache: dict[uuid.UUID, tuple[float, _Rows]] = {}
+
+    def forget(self, key_id: uuid.UUID | None = None) -> None:
+        """Drop cached rows (after an admin change in this process)."""
+        if key_id is None:
+            self._cache.clear()
+        else:
+            self._cache.pop(key_id, None)
+
+    async def _rows(self, key: AuthenticatedKey) -> _Rows:
+        cached = self._cache.get(key.key_id)
+        if cached is not None and time.monotonic() - cached[0] < self.settings.config_cache_s:
+            return cached[1]
+        try:
+            async with self.sessionmaker() as session:
+                key_row = await session.scalar(select(KeyLimits).where(KeyLimits.key_id == key.key_id))
+                tenant_row = None
+                if key.tenant_id is not None:
+                    tenant_row = await session.scalar(
+                        select(TenantLimits).where(TenantLimits.tenant_id == key.tenant_id)
+                    )
+        except Exception as exc:
+            if cached is not None:
+                return cached[1]
+            log.warning("cannot load limit settings for key %s, using the key's own: %s", key.key_id, exc)
+            return _Rows(None, None)
+        rows = _Rows(tenant_row, key_row)
+        self._cache[key.key_id] = (time.monotonic(), rows)
+        return rows
+
+    async def for_request(self, *, key: AuthenticatedKey, model: str) -> RequestLimits:
+        rows = await self._rows(key)
+        key_label = f"API key '{key.name}'"
+        key_id = str(key.key_id)
+        scopes = [
+            Scope(
+                kind="key",
+                id=key_id,
+                label=key_label,
+                rpm=key.rpm_limit,
+                tpm=key.tpm_limit,
+                concurrency=key.max_concurrency,
+                monthly_tokens=key.monthly_token_budget,
+                monthly_spend=rows.key.monthly_spend_budget if rows.key else None,
+            )
+        ]
+        if rows.key is not None:
+            scopes.append(_model_scope("key", key_id, key_label, model, rows.key.model_limits))
+        if key.tenant_id is not None and rows.tenant is not None:
+            t = rows.tenant
+            tenant_id = str(key.tenant_id)
+            scopes.append(
+                Scope(
+                    kind="tenant",
+                    id=tenant_id,
+                    label="this tenant",
+                    rpm=t.rpm_limit,
+                    tpm=t.tpm_limit,
+                    concurrency=t.max_concurrency,
+                    monthly_tokens=t.monthly_token_budget,
+                    monthly_spend=t.monthly_spend_budget,
+                )
+            )
+            scopes.append(_model_scope("tenant", tenant_id, "this tenant", model, t.model_limits))
+        policy: FailurePolicy = self.settings.failure_policy
+        if rows.key is not None and rows.key.failure_policy in ("closed", "open"):
+            policy = rows.key.failure_policy  # type: ignore[assignment]
+        return RequestLimits(
+            scopes=tuple(s for s in scopes if s is not None and s.is_limited), failure_policy=policy
+        )

@@ -1,0 +1,82 @@
+"""Prices and report bodies. Money leaves the API as decimal strings."""
+
+from __future__ import annotations
+
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
+
+from gateway.reports.pricing import money_str
+
+GroupBy = Literal["day", "model", "key", "tenant"]
+GROUP_FIELDS: dict[str, str] = {"day": "day", "model": "model", "key": "key_id", "tenant": "tenant_id"}
+"""group_by value -> the row field it adds."""
+
+METRICS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "total_tokens",
+    "cost",
+)
+
+PriceValue = Decimal  # JSON numbers and strings both accepted; stored as Numeric(20, 10)
+
+
+class PriceCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1, max_length=200)
+    effective_from: date | None = Field(None, description="UTC day the price starts; default today")
+    prompt_per_mtok: PriceValue = Field(ge=0, max_digits=20, decimal_places=10)
+    cached_prompt_per_mtok: PriceValue | None = Field(
+        None, ge=0, max_digits=20, decimal_places=10, description="default: the prompt price"
+    )
+    completion_per_mtok: PriceValue = Field(ge=0, max_digits=20, decimal_places=10)
+
+
+class PriceOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    model: str
+    effective_from: date
+    prompt_per_mtok: Decimal
+    cached_prompt_per_mtok: Decimal
+    completion_per_mtok: Decimal
+    created_at: datetime
+
+    @field_serializer("prompt_per_mtok", "cached_prompt_per_mtok", "completion_per_mtok")
+    def _money(self, value: Decimal) -> str:
+        return money_str(value)
+
+
+class PriceList(BaseModel):
+    data: list[PriceOut]
+
+
+class BillLine(BaseModel):
+    """One model at one price over the month."""
+
+    model: str
+    price_effective_from: date | None
+    prompt_per_mtok: str | None
+    cached_prompt_per_mtok: str | None
+    completion_per_mtok: str | None
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    cost: str
+
+
+class Bill(BaseModel):
+    tenant_id: str
+    month: str
+    lines: list[BillLine]
+    total_tokens: int
+    total_cost: str

@@ -1,0 +1,239 @@
+"""Prices (admin-managed) and reports over the daily rollups.
+
+Reports read ``usage_daily``, not raw rows: it is small, indexed by day, and survives the raw
+rows' retention. Costs are summed exactly in Postgres numerics and divided by 1e6 in Python.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import delete, select, text
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+
+from gateway.audit.service import Actor, record
+from gateway.errors import OpenAIError
+from gateway.reports.models import ModelPrice
+from gateway.reports.pricing import COST_MICRO_SQL, PRICE_LATERAL, from_micro, money_str
+from gateway.reports.schemas import GROUP_FIELDS, Bill, BillLine, PriceCreate, PriceOut
+from gateway.usage.partitions import add_months
+
+# ---------------------------------------------------------------- prices
+
+
+def _require_platform(actor: Actor) -> None:
+    if not actor.is_platform:
+        raise OpenAIError(403, "Only a platform admin key can change prices.", code="platform_admin_required")
+
+
+async def create_price(session: AsyncSession, *, actor: Actor, body: PriceCreate) -> ModelPrice:
+    _require_platform(actor)
+    price = ModelPrice(
+        model=body.model,
+        effective_from=body.effective_from or datetime.now(UTC).date(),
+        prompt_per_mtok=body.prompt_per_mtok,
+        cached_prompt_per_mtok=(
+            body.prompt_per_mtok if body.cached_prompt_per_mtok is None else body.cached_prompt_per_mtok
+        ),
+        completion_per_mtok=body.completion_per_mtok,
+    )
+    session.add(price)
+    try:
+        await session.flush()
+    except IntegrityError:
+        await session.rollback()
+        raise OpenAIError(
+            409,
+            f"A price for {body.model!r} taking effect on {price.effective_from} already exists; "
+            "delete it first or pick another effective_from.",
+            param="effective_from",
+            code="price_exists",
+        ) from None
+    await session.refresh(price)
+    record(
+        session,
+        actor=actor,
+        tenant_id=None,
+        action="price.create",
+        object_type="model_price",
+        object_id=price.id,
+        before=None,
+        after=PriceOut.model_validate(price).model_dump(mode="json"),
+    )
+    await session.commit()
+    return price
+
+
+async def list_prices(session: AsyncSession, *, model: str | None) -> list[ModelPrice]:
+    query = select(ModelPrice).order_by(ModelPrice.model, ModelPrice.effective_from)
+    if model is not None:
+        query = query.where(ModelPrice.model == model)
+    return list((await session.scalars(query)).all())
+
+
+async def delete_price(session: AsyncSession, *, actor: Actor, price_id: int) -> None:
+    _require_platform(actor)
+    price = await session.get(ModelPrice, price_id)
+    if price is None:
+        raise OpenAIError(404, f"Price {price_id} not found.", param="price_id", code="price_not_found")
+    before = PriceOut.model_validate(price).model_dump(mode="json")
+    await session.execute(delete(ModelPrice).where(ModelPrice.id == price_id))
+    record(
+        session,
+        actor=actor,
+        tenant_id=None,
+        action="price.delete",
+        object_type="model_price",
+        object_id=price_id,
+        before=before,
+        after=None,
+    )
+    await session.commit()
+
+
+# ---------------------------------------------------------------- usage report
+
+
+def _filters(
+    *, start: date, end: date, tenant_id: uuid.UUID | None, key_id: uuid.UUID | None, model: str | None
+) -> tuple[str, dict[str, Any]]:
+    where = ["d.day >= :start", "d.day <= :end"]
+    params: dict[str, Any] = {"start": start, "end": end}
+    for column, value in (("tenant_id", tenant_id), ("key_id", key_id), ("model", model)):
+        if value is not None:
+            where.append(f"d.{column} = :{column}")
+            params[column] = value
+    return " AND ".join(where), params
+
+
+def _metrics(row: Any) -> dict[str, Any]:
+    prompt, completion = int(row.prompt_tokens or 0), int(row.completion_tokens or 0)
+    return {
+        "requests": int(row.requests or 0),
+        "errors": int(row.errors or 0),
+        "prompt_tokens": prompt,
+        "cached_tokens": int(row.cached_tokens or 0),
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "cost": from_micro(row.cost_micro),
+    }
+
+
+async def usage_report(
+    session: AsyncSession,
+    *,
+    start: date,
+    end: date,
+    group_by: list[str],
+    tenant_id: uuid.UUID | None = None,
+    key_id: uuid.UUID | None = None,
+    model: str | None = None,
+) -> dict[str, Any]:
+    """``{"rows": [...], "totals": {...}}`` over ``start``..``end`` (UTC days, both included)."""
+    where, params = _filters(start=start, end=end, tenant_id=tenant_id, key_id=key_id, model=model)
+    columns = [f"d.{GROUP_FIELDS[g]}" for g in group_by]
+    select_groups = "".join(f"{c}, " for c in columns)
+    group_clause = f"GROUP BY {', '.join(columns)} ORDER BY {', '.join(columns)}" if columns else ""
+    sql = f"""
+        SELECT {select_groups}
+               sum(d.requests) AS requests, sum(d.errors) AS errors,
+               sum(d.prompt_tokens) AS prompt_tokens, sum(d.cached_tokens) AS cached_tokens,
+               sum(d.completion_tokens) AS completion_tokens, sum({COST_MICRO_SQL}) AS cost_micro
+        FROM usage_daily d {PRICE_LATERAL}
+        WHERE {where}
+        {group_clause}
+    """
+    result = await session.execute(text(sql), params)
+    rows = []
+    for row in result:
+        out: dict[str, Any] = {}
+        for g in group_by:
+            value = getattr(row, GROUP_FIELDS[g])
+            out[GROUP_FIELDS[g]] = value.isoformat() if isinstance(value, date) else str(value)
+        out.update(_metrics(row))
+        rows.append(out)
+    totals: dict[str, Any] = {k: 0 for k in ("requests", "errors", "prompt_tokens", "cached_tokens")}
+    totals.update({"completion_tokens": 0, "total_tokens": 0, "cost": Decimal(0)})
+    for row in rows:
+        for k in totals:
+            totals[k] += row[k]
+    for item in [*rows, totals]:
+        item["cost"] = money_str(item["cost"])
+    return {"rows": rows, "totals": totals}
+
+
+# ---------------------------------------------------------------- monthly bill
+
+
+def parse_month(month: str) -> date:
+    try:
+        parsed = datetime.strptime(month, "%Y-%m")
+    except ValueError:
+        raise OpenAIError(400, "month must look like 2026-11 (YYYY-MM).", param="month") from None
+    return date(parsed.year, parsed.month, 1)
+
+
+async def monthly_bill(session: AsyncSession, *, tenant_id: uuid.UUID, month: date) -> Bill:
+    """One line per model and price in effect during the month."""
+    sql = f"""
+        SELECT d.model, p.effective_from, p.prompt_per_mtok, p.cached_prompt_per_mtok, p.completion_per_mtok,
+               sum(d.requests) AS requests, sum(d.prompt_tokens) AS prompt_tokens,
+               sum(d.cached_tokens) AS cached_tokens, sum(d.completion_tokens) AS completion_tokens,
+               sum({COST_MICRO_SQL}) AS cost_micro
+        FROM usage_daily d {PRICE_LATERAL}
+        WHERE d.tenant_id = :tenant_id AND d.day >= :start AND d.day < :end
+        GROUP BY d.model, p.id, p.effective_from, p.prompt_per_mtok, p.cached_prompt_per_mtok,
+                 p.completion_per_mtok
+        ORDER BY d.model, p.effective_from NULLS FIRST
+    """
+    params = {"tenant_id": tenant_id, "start": month, "end": add_months(month, 1)}
+    lines, total_tokens, total_cost = [], 0, Decimal(0)
+    for row in await session.execute(text(sql), params):
+        cost = from_micro(row.cost_micro)
+        priced = row.effective_from is not None
+        lines.append(
+            BillLine(
+                model=row.model,
+                price_effective_from=row.effective_from,
+                prompt_per_mtok=money_str(row.prompt_per_mtok) if priced else None,
+                cached_prompt_per_mtok=money_str(row.cached_prompt_per_mtok) if priced else None,
+                completion_per_mtok=money_str(row.completion_per_mtok) if priced else None,
+                requests=int(row.requests),
+                prompt_tokens=int(row.prompt_tokens),
+                cached_tokens=int(row.cached_tokens),
+                completion_tokens=int(row.completion_tokens),
+                cost=money_str(cost),
+            )
+        )
+        total_tokens += int(row.prompt_tokens) + int(row.completion_tokens)
+        total_cost += cost
+    return Bill(
+        tenant_id=str(tenant_id),
+        month=month.strftime("%Y-%m"),
+        lines=lines,
+        total_tokens=total_tokens,
+        total_cost=money_str(total_cost),
+    )
+
+
+# ---------------------------------------------------------------- budgets
+
+
+async def month_usage(engine: AsyncEngine, *, column: str, owner_id: str, month: date) -> tuple[int, Decimal]:
+    """(tokens, cost) of a key (``column="key_id"``) or tenant (``"tenant_id"``) in one month."""
+    if column not in ("key_id", "tenant_id"):
+        raise ValueError(column)
+    sql = f"""
+        SELECT coalesce(sum(d.prompt_tokens + d.completion_tokens), 0) AS tokens,
+               sum({COST_MICRO_SQL}) AS cost_micro
+        FROM usage_daily d {PRICE_LATERAL}
+        WHERE d.{column} = :owner AND d.day >= :start AND d.day < :end
+    """
+    params = {"owner": uuid.UUID(owner_id), "start": month, "end": add_months(month, 1)}
+    async with engine.connect() as conn:
+        row = (await conn.execute(text(sql), params)).one()
+    return int(row.tokens), from_micro(row.cost_micro)

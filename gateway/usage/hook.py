@@ -1,0 +1,42 @@
+"""The proxy's completion hook for metering: one :class:`UsageRecord` per finished request."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from gateway.proxy.relay import RelayOutcome
+from gateway.usage.recorder import UsageRecorder
+from gateway.usage.schemas import UsageRecord
+
+
+def record_from_outcome(outcome: RelayOutcome) -> UsageRecord | None:
+    """None for requests without a tenant and key (never the case for inference keys)."""
+    if outcome.tenant_id is None or outcome.key_id is None:
+        return None
+    started = datetime.fromtimestamp(outcome.started_at, UTC)
+    return UsageRecord(
+        request_id=outcome.request_id,
+        tenant_id=outcome.tenant_id,
+        key_id=outcome.key_id,
+        model=outcome.model,
+        endpoint=outcome.endpoint,
+        prompt_tokens=outcome.prompt_tokens,
+        cached_tokens=outcome.cached_tokens,
+        completion_tokens=outcome.completion_tokens,
+        status=outcome.status,
+        finish_reason=outcome.finish_reason,
+        ttft_ms=None if outcome.ttft_s is None else outcome.ttft_s * 1000,
+        duration_ms=outcome.duration_s * 1000,
+        started_at=started,
+        finished_at=started + timedelta(seconds=outcome.duration_s),
+    )
+
+
+class UsageHook:
+    def __init__(self, recorder: UsageRecorder) -> None:
+        self.recorder = recorder
+
+    async def __call__(self, outcome: RelayOutcome) -> None:
+        record = record_from_outcome(outcome)
+        if record is not None:
+            self.recorder.record(record)

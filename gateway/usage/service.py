@@ -1,0 +1,84 @@
+"""Writing usage batches: raw rows and their daily rollups in one statement, exactly once.
+
+The raw insert skips request ids already stored (``ON CONFLICT DO NOTHING``) and the rollup upsert
+reads only the rows that insert actually wrote (``RETURNING``), in the same statement and
+transaction. So a replayed batch changes nothing, and the rollups always equal the raw sums.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import date
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gateway.usage.partitions import ensure_partitions, month_floor
+from gateway.usage.schemas import UsageRecord
+
+_COLUMNS = (
+    "request_id text, tenant_id uuid, key_id uuid, model text, endpoint text, prompt_tokens int, "
+    "cached_tokens int, completion_tokens int, status smallint, finish_reason text, ttft_ms float8, "
+    "duration_ms float8, started_at timestamptz, finished_at timestamptz"
+)
+_NAMES = [col.split()[0] for col in _COLUMNS.split(", ")]
+_TYPES = [col.split()[1] for col in _COLUMNS.split(", ")]
+
+INSERT_BATCH = text(
+    f"""
+WITH incoming AS (
+    SELECT * FROM unnest({", ".join(f"CAST(:{n} AS {t}[])" for n, t in zip(_NAMES, _TYPES, strict=True))})
+        AS t({", ".join(_NAMES)})
+), inserted AS (
+    INSERT INTO usage_records ({", ".join(_NAMES)})
+    SELECT {", ".join(_NAMES)} FROM incoming
+    ON CONFLICT DO NOTHING
+    RETURNING started_at, tenant_id, key_id, model, status, finish_reason,
+              prompt_tokens, cached_tokens, completion_tokens
+), rolled AS (
+    INSERT INTO usage_daily AS d
+        (day, tenant_id, key_id, model, requests, errors, prompt_tokens, cached_tokens, completion_tokens)
+    SELECT (started_at AT TIME ZONE 'UTC')::date, tenant_id, key_id, model, count(*),
+           count(*) FILTER (WHERE status >= 400 OR finish_reason = 'error'),
+           sum(prompt_tokens), sum(cached_tokens), sum(completion_tokens)
+    FROM inserted
+    GROUP BY 1, 2, 3, 4
+    ORDER BY 1, 2, 3, 4
+    ON CONFLICT (day, tenant_id, key_id, model) DO UPDATE SET
+        requests = d.requests + excluded.requests,
+        errors = d.errors + excluded.errors,
+        prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
+        cached_tokens = d.cached_tokens + excluded.cached_tokens,
+        completion_tokens = d.completion_tokens + excluded.completion_tokens
+    RETURNING 1
+)
+SELECT count(*) FROM inserted
+"""
+)
+
+
+def _columns(records: Sequence[UsageRecord]) -> dict[str, list[object]]:
+    unique = list({r.request_id: r for r in records}.values())  # one statement may not hit a row twice
+    params: dict[str, list[object]] = {name: [] for name in _NAMES}
+    for r in unique:
+        for name in _NAMES:
+            value = getattr(r, name)
+            if name in ("tenant_id", "key_id"):
+                value = uuid.UUID(str(value))
+            params[name].append(value)
+    return params
+
+
+async def write_batch(engine: AsyncEngine, records: Sequence[UsageRecord], *, known_months: set[date]) -> int:
+    """Store a batch exactly once; returns how many records were new. Raises if Postgres fails."""
+    if not records:
+        return 0
+    months = {month_floor(r.started_at) for r in records}
+    if not months <= known_months:
+        async with engine.begin() as conn:
+            await ensure_partitions(conn, months)
+        known_months |= months
+    async with engine.begin() as conn:
+        result = await conn.execute(INSERT_BATCH, _columns(records))
+        return int(result.scalar_one())
