@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from gateway import metering
 from gateway.audit.router import router as audit_router
 from gateway.config import Settings
 from gateway.db import create_db_engine, create_sessionmaker
@@ -59,7 +60,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         )
         await app.state.engine_pool.start()
         try:
-            yield
+            await metering.start(app)
+            try:
+                yield
+            finally:
+                await metering.stop(app)  # settle what is in flight, flush (or spool) usage
         finally:
             await app.state.engine_pool.close()
     finally:
@@ -85,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(keys_router)
     app.include_router(audit_router)
     app.include_router(proxy_router)
+    metering.include_routers(app)  # /admin/limits, /admin/prices, /admin/reports, /v1/usage
     # Run with every finished /v1 request's RelayOutcome (usage metering, limits settlement).
     app.state.completion_hooks = []
     return app

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -12,6 +13,7 @@ from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, Ope
 from engine.protocol import ModelList
 from gateway.errors import OpenAIError
 from gateway.keys.deps import InferenceKey
+from gateway.limits.admission import dispatch_limited
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.relay import CompletionHook
@@ -54,24 +56,36 @@ async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
 @router.post("/chat/completions")
 async def chat_completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
     openai_request = await read_request(request, ChatCompletionRequest)
-    return await service.dispatch(
+    request_id = request_id_of(request)
+    dispatch = partial(
+        service.dispatch,
         pool=pool,
         openai_request=openai_request,
         endpoint="chat.completions",
         key=key,
-        request_id=request_id_of(request),
+        request_id=request_id,
         hooks=hooks,
+    )
+    # Rate limits and budgets are checked before any engine work (gateway/limits).
+    return await dispatch_limited(
+        request, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
     )
 
 
 @router.post("/completions")
 async def completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
     openai_request = await read_request(request, CompletionRequest)
-    return await service.dispatch(
+    request_id = request_id_of(request)
+    dispatch = partial(
+        service.dispatch,
         pool=pool,
         openai_request=openai_request,
         endpoint="completions",
         key=key,
-        request_id=request_id_of(request),
+        request_id=request_id,
         hooks=hooks,
+    )
+    # Rate limits and budgets are checked before any engine work (gateway/limits).
+    return await dispatch_limited(
+        request, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
     )
