@@ -54,13 +54,15 @@ DbSession = Annotated[AsyncSession, Depends(get_session)]
 
 
 def all_models() -> None:
-    """Import every domain's models so ``Base.metadata`` is complete (Alembic, schema checks)."""
-    import gateway.audit.models
-    import gateway.keys.models
-    import gateway.limits.models
-    import gateway.reports.models
-    import gateway.tenants.models
-    import gateway.usage.models  # noqa: F401
+    """Import every domain's ``models`` module so ``Base.metadata`` is complete (Alembic, schema checks)."""
+    import importlib
+    import pkgutil
+
+    import gateway
+
+    for package in pkgutil.iter_modules(gateway.__path__):
+        if package.ispkg and (Path(gateway.__path__[0]) / package.name / "models.py").exists():
+            importlib.import_module(f"gateway.{package.name}.models")
 
 
 def alembic_config(database_url: str):  # -> alembic.config.Config (alembic imported lazily)

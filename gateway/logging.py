@@ -25,7 +25,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        request_id = request_id_var.get()
+        request_id = getattr(record, "request_id", None) or request_id_var.get()
         if request_id is not None:
             entry["request_id"] = request_id
         for name, value in record.__dict__.items():

@@ -107,6 +107,7 @@ class RequestContextMiddleware:
             access_log.info(
                 "request",
                 extra={
+                    "request_id": request_id,
                     "method": method,
                     "path": scope["path"],
                     "route": route,

@@ -1,0 +1,88 @@
+"""401 versus 403: who you are (missing, unknown, revoked, expired key) versus what you may do."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from gateway.keys.format import generate_key
+from tests.gateway.conftest import CreateTenantAndKey, bearer
+
+pytestmark = pytest.mark.anyio
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": ""},
+        {"Authorization": "Basic dXNlcjpwYXNz"},
+        {"Authorization": "Bearer"},
+        bearer("not-a-key"),
+        bearer(generate_key("admin")[:-1] + "0"),  # bad checksum
+        bearer(generate_key("admin")),  # well formed but never issued
+        bearer("y" * 40),  # shaped like a bootstrap key but not registered
+    ],
+)
+async def test_missing_or_invalid_key_is_401(client: httpx.AsyncClient, headers: dict[str, str]) -> None:
+    error = assert_error(await client.get("/admin/tenants", headers=headers), 401)
+    assert error["type"] == "authentication_error"
+
+
+async def test_inference_key_cannot_use_admin(
+    client: httpx.AsyncClient, create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, secret, key_id = await create_tenant_and_key()
+    for method, path in [
+        ("GET", "/admin/tenants"),
+        ("POST", "/admin/tenants"),
+        ("GET", f"/admin/tenants/{tenant['id']}"),
+        ("GET", "/admin/keys"),
+        ("POST", f"/admin/keys/{key_id}/revoke"),
+        ("GET", "/admin/audit"),
+    ]:
+        response = await client.request(method, path, headers=bearer(secret), json={"name": "x"})
+        error = assert_error(response, 403, "wrong_key_kind")
+        assert "inference keys cannot use /admin" in error["message"]
+
+
+async def test_suspended_and_deleted_tenants_keys_are_403_and_resume_works(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    tenant, _, _ = await create_tenant_and_key()
+    body = {"tenant_id": tenant["id"], "name": "ops", "kind": "admin"}
+    admin_key = (await client.post("/admin/keys", json=body, headers=admin_headers)).json()["key"]
+    url = f"/admin/tenants/{tenant['id']}"
+
+    await client.patch(url, json={"status": "suspended"}, headers=admin_headers)
+    assert_error(await client.get(url, headers=bearer(admin_key)), 403, "tenant_suspended")
+
+    await client.patch(url, json={"status": "active"}, headers=admin_headers)
+    assert (await client.get(url, headers=bearer(admin_key))).status_code == 200
+
+    assert (await client.delete(url, headers=admin_headers)).status_code == 204
+    assert_error(await client.get(url, headers=bearer(admin_key)), 403, "tenant_deleted")
+
+
+async def test_bootstrap_admin_key_is_registered_once(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], app
+) -> None:
+    from gateway.keys.service import bootstrap_admin_key
+    from tests.gateway.conftest import TEST_ADMIN_KEY
+
+    secret = app.state.settings.secret_bytes()
+    assert not await bootstrap_admin_key(app.state.sessionmaker, admin_key=TEST_ADMIN_KEY, secret=secret)
+    keys = (await client.get("/admin/keys?kind=admin", headers=admin_headers)).json()["data"]
+    platform = [k for k in keys if k["tenant_id"] is None]
+    assert len(platform) == 1 and platform[0]["hint"] == f"...{TEST_ADMIN_KEY[-4:]}"
+    audit = (await client.get("/admin/audit?action=key.bootstrap", headers=admin_headers)).json()["data"]
+    assert len(audit) == 1 and audit[0]["actor_key_id"] is None

@@ -1,0 +1,107 @@
+"""Operations: request ids, liveness, readiness, Prometheus metrics, JSON access logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from gateway.logging import JsonFormatter
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_every_response_carries_a_request_id(
+    client: httpx.AsyncClient, admin_headers: dict[str, str]
+) -> None:
+    ids = set()
+    for path, headers in [
+        ("/healthz", {}),
+        ("/admin/tenants", {}),
+        ("/nope", {}),
+        ("/admin/tenants", admin_headers),
+    ]:
+        response = await client.get(path, headers=headers)
+        assert response.headers["x-request-id"]
+        ids.add(response.headers["x-request-id"])
+    assert len(ids) == 4
+
+    echoed = await client.get("/healthz", headers={"x-request-id": "trace-abc.123"})
+    assert echoed.headers["x-request-id"] == "trace-abc.123"
+    replaced = await client.get("/healthz", headers={"x-request-id": "bad id\twith spaces"})
+    assert replaced.headers["x-request-id"] != "bad id\twith spaces"
+
+
+async def test_unknown_route_is_openai_shaped_404(client: httpx.AsyncClient) -> None:
+    response = await client.get("/no/such/route")
+    assert response.status_code == 404 and set(response.json()["error"]) == {
+        "message",
+        "type",
+        "param",
+        "code",
+    }
+
+
+async def test_healthz(client: httpx.AsyncClient) -> None:
+    response = await client.get("/healthz")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+class FakePool:
+    def __init__(self, healthy: bool) -> None:
+        self.healthy = healthy
+
+    async def any_healthy(self) -> bool:
+        return self.healthy
+
+
+async def test_readyz_needs_database_redis_and_an_engine(app: FastAPI, client: httpx.AsyncClient) -> None:
+    original = getattr(app.state, "engine_pool", None)
+    try:
+        app.state.engine_pool = FakePool(healthy=False)
+        response = await client.get("/readyz")
+        assert response.status_code == 503
+        assert response.json()["checks"] == {"database": True, "redis": True, "engine": False}
+        assert "engine" in response.json()["error"]["message"]
+
+        app.state.engine_pool = FakePool(healthy=True)
+        response = await client.get("/readyz")
+        assert response.status_code == 200 and response.json()["status"] == "ready"
+
+        await app.state.redis.aclose()
+        app.state.redis = type(app.state.redis).from_url("redis://127.0.0.1:1/0")  # nothing listens there
+        response = await client.get("/readyz")
+        assert response.status_code == 503 and response.json()["checks"]["redis"] is False
+    finally:
+        app.state.engine_pool = original
+
+
+async def test_metrics_count_requests_by_route_template_and_status(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key
+) -> None:
+    _, _, key_id = await create_tenant_and_key()
+    await client.get(f"/admin/keys/{key_id}", headers=admin_headers)
+    await client.get(f"/admin/keys/{key_id}", headers={"Authorization": "Bearer nope"})
+    text = (await client.get("/metrics")).text
+    assert 'tern_http_requests_total{method="GET",route="/admin/keys/{key_id}",status="200"}' in text
+    assert 'tern_http_requests_total{method="GET",route="/admin/keys/{key_id}",status="401"}' in text
+    assert (
+        'tern_http_request_duration_seconds_bucket{le="0.005",method="GET",route="/admin/keys/{key_id}"}'
+        in text
+    )
+    assert key_id not in text  # raw paths never become labels
+
+
+async def test_access_log_is_one_json_line_with_the_request_id(
+    client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="tern.access"):
+        response = await client.get("/healthz", headers={"x-request-id": "log-me-123"})
+    records = [r for r in caplog.records if r.name == "tern.access"]
+    assert len(records) == 1
+    line = json.loads(JsonFormatter().format(records[0]))
+    assert line["request_id"] == response.headers["x-request-id"] == "log-me-123"
+    assert line["route"] == "/healthz" and line["status"] == 200 and line["duration_ms"] >= 0
