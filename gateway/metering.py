@@ -11,7 +11,7 @@ from datetime import date
 from decimal import Decimal
 
 from fastapi import FastAPI
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -30,6 +30,8 @@ from gateway.usage.config import UsageSettings
 from gateway.usage.hook import UsageHook
 from gateway.usage.recorder import UsageRecorder
 
+LIMITS_REDIS_CONNECTIONS = 64
+
 
 def include_routers(app: FastAPI) -> None:
     app.include_router(limits_router)
@@ -39,14 +41,15 @@ def include_routers(app: FastAPI) -> None:
 
 def create_limits_redis(url: str) -> Redis:
     """A client that fails fast (no retries, short timeouts): while Redis is away, the failure
-    policies take over within a fraction of a second instead of after a retry backoff."""
-    return Redis.from_url(
+    policies take over within seconds instead of after a retry backoff."""
+    pool = BlockingConnectionPool.from_url(
         url,
-        retry=Retry(NoBackoff(), 0),
-        socket_connect_timeout=0.5,
-        socket_timeout=1.0,
-        decode_responses=False,
+        max_connections=LIMITS_REDIS_CONNECTIONS,
+        timeout=5.0,  # a burst waits for a free connection instead of failing as "Redis down"
+        socket_connect_timeout=2.0,
+        socket_timeout=2.0,
     )
+    return Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
 
 
 async def start(app: FastAPI) -> None:
