@@ -73,7 +73,8 @@ class RelayOutcome:
     """Unix time the gateway began dispatching."""
     engine_url: str | None = None
     status: int = 200
-    """HTTP status the client got; 499 when it disconnected first."""
+    """The HTTP status, or for a stream that failed after it began the error frame's status;
+    499 when the client disconnected first."""
     finish_reason: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0
@@ -140,19 +141,24 @@ class Relay:
         body = self.gen_request.model_dump_json(exclude_none=True).encode()
         while True:
             upstream = self._pick(tried)
+            upstream.inflight += 1
             try:
                 response = await upstream.session.post(
                     GENERATE_PATH, data=body, headers={"content-type": "application/json"}
                 )
-            except aiohttp.ClientConnectionError as exc:
-                # Nothing reached the engine; take it out and try another one.
-                self.pool.mark_unhealthy(upstream, f"{type(exc).__name__}: {exc}")
+            except BaseException as exc:
+                upstream.inflight -= 1
+                if not isinstance(exc, aiohttp.ClientConnectionError):
+                    raise
+                # No answer came back, so no generation is running there: try another engine.
+                # Only a failed connect takes the engine out; a dropped keep-alive connection does not.
+                if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+                    self.pool.mark_unhealthy(upstream, f"{type(exc).__name__}: {exc}")
                 tried.append(upstream)
                 continue
             break
         self._upstream = upstream
         self.outcome.engine_url = upstream.url
-        upstream.inflight += 1
         self._response = response
         if response.status != 200:
             await self._refuse(response)
@@ -207,12 +213,16 @@ class Relay:
         """The next frame, or None after the terminal one. A broken stream becomes an ErrorFrame."""
         if self._terminal or self._response is None:
             return None
+        frame = None
         try:
-            line = await self._response.content.readline()
-            frame = parse_frame(line) if line.strip() else None
+            while frame is None:
+                line = await self._response.content.readline()
+                if not line:
+                    break  # end of stream without a last frame
+                if line.strip():
+                    frame = parse_frame(line)
         except (aiohttp.ClientError, ValueError) as exc:
             log.warning("engine stream for %s broke: %s", self.outcome.request_id, exc)
-            frame = None
         if frame is None:
             return self._broken()
         self._engine_done = not isinstance(frame, DeltaFrame)

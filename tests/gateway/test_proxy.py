@@ -251,6 +251,7 @@ async def test_engine_that_went_away_is_skipped(
         assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
     assert len(second.received) == 3
     assert [u.healthy for u in app.state.engine_pool.upstreams] == [False, True]
+    assert [u.inflight for u in app.state.engine_pool.upstreams] == [0, 0]
     second.stop()
     assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=key), 503)
 
