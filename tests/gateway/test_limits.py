@@ -46,7 +46,9 @@ def make_limiter(client: Redis, **settings: object) -> RateLimiter:
     return RateLimiter(redis=client, settings=LimitsSettings(**settings), load_month_usage=no_budget_source)
 
 
-async def admit_many(limiter: RateLimiter, limits: RequestLimits, n: int, reserve: int = 1) -> tuple[int, int]:
+async def admit_many(
+    limiter: RateLimiter, limits: RequestLimits, n: int, reserve: int = 1
+) -> tuple[int, int]:
     async def one() -> bool:
         try:
             await limiter.admit(limits=limits, reserve=reserve)
@@ -178,8 +180,8 @@ def own_redis() -> AsyncIterator[RedisServer]:
     server.stop()
 
 
-async def wait_until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
+async def wait_until(predicate, within_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + within_s
     while not await predicate():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.05)
