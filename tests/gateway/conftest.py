@@ -5,7 +5,7 @@
 - ``app``: the app with its lifespan running; ``client``: an httpx client bound to it.
 - ``admin_headers``: headers carrying the bootstrap platform admin key.
 - ``create_tenant_and_key(**key_fields)``: a new tenant and a key for it, through the admin API.
-- ``gateway_process(**env)``: a real ``uvicorn`` gateway subprocess; returns its base URL.
+- ``gateway_processes(count, **env)``: real ``tern gateway`` subprocesses; returns their base URLs.
 """
 
 from __future__ import annotations
@@ -92,13 +92,28 @@ def create_tenant_and_key(client: httpx.AsyncClient, admin_headers: dict[str, st
     return create
 
 
+def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"gateway process exited with {process.returncode}")
+        try:
+            if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"gateway process did not become healthy in {timeout_s} s")
+        time.sleep(0.1)
+
+
 @pytest.fixture
-def gateway_process(gateway_settings: Settings) -> Iterator[Callable[..., str]]:
-    """Start real gateway processes sharing the test database and Redis; all stopped after the test."""
+def gateway_processes(gateway_settings: Settings) -> Iterator[Callable[..., list[str]]]:
+    """``gateway_processes(count, **env)`` starts ``count`` real gateways (in parallel) sharing the
+    test database and Redis, and returns their base URLs; all are stopped after the test."""
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(**env_overrides: str) -> str:
-        port = free_port()
+    def start(count: int = 1, **env_overrides: str) -> list[str]:
         env = {
             **os.environ,
             "TERN_DATABASE_URL": gateway_settings.database_url,
@@ -109,22 +124,25 @@ def gateway_process(gateway_settings: Settings) -> Iterator[Callable[..., str]]:
             "TERN_LOG_LEVEL": "WARNING",
             **env_overrides,
         }
-        command = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
-        process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
-        processes.append(process)
-        base_url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"gateway process exited with {process.returncode}")
-            try:
-                if httpx.get(f"{base_url}/healthz", timeout=1).status_code == 200:
-                    return base_url
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("gateway process did not become healthy in 30 s")
-            time.sleep(0.1)
+        started = []
+        for _ in range(count):
+            port = free_port()
+            command = [
+                sys.executable,
+                "-m",
+                "gateway.cli",
+                "gateway",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ]
+            process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+            processes.append(process)
+            started.append((process, f"http://127.0.0.1:{port}"))
+        for process, base_url in started:
+            _wait_healthy(process, base_url)
+        return [base_url for _, base_url in started]
 
     yield start
     for process in processes:
