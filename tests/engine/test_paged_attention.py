@@ -91,9 +91,7 @@ class PagedRun:
     def step(self, spans: dict[int, tuple[int, int]]) -> None:
         """Compute tokens [start, end) of each sequence in ``spans`` in one batch; check the output."""
         seqs = list(spans)
-        slots = [
-            self.tables[i][p // self.bs] * self.bs + p % self.bs for i in seqs for p in range(*spans[i])
-        ]
+        slots = [self.tables[i][p // self.bs] * self.bs + p % self.bs for i in seqs for p in range(*spans[i])]
         ctx = make_context(
             query_lens=[spans[i][1] - spans[i][0] for i in seqs],
             context_lens=[spans[i][1] for i in seqs],
@@ -112,7 +110,10 @@ class PagedRun:
         expected = torch.cat(
             [
                 full_causal_attention(
-                    self.q[i][slice(*spans[i])], self.k[i][: spans[i][1]], self.v[i][: spans[i][1]], self.scale
+                    self.q[i][slice(*spans[i])],
+                    self.k[i][: spans[i][1]],
+                    self.v[i][: spans[i][1]],
+                    self.scale,
                 )
                 for i in seqs
             ]

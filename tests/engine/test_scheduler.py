@@ -9,9 +9,13 @@ from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
 
 
-def make_scheduler(num_blocks: int = 64, *, seqs: int = 8, tokens: int = 32, chunked: bool = True) -> Scheduler:
+def make_scheduler(
+    num_blocks: int = 64, *, seqs: int = 8, tokens: int = 32, chunked: bool = True
+) -> Scheduler:
     manager = BlockManager(BlockAllocator(num_blocks), block_size=4)
-    return Scheduler(manager, max_num_seqs=seqs, max_num_batched_tokens=tokens, enable_chunked_prefill=chunked)
+    return Scheduler(
+        manager, max_num_seqs=seqs, max_num_batched_tokens=tokens, enable_chunked_prefill=chunked
+    )
 
 
 def make_seq(name: str, num_prompt_tokens: int) -> Sequence:

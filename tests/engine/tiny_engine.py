@@ -19,7 +19,7 @@ from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import Tokenizer, _bytes_to_unicode
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -32,9 +32,9 @@ EngineFactory = Callable[..., LLMEngine]
 
 
 def make_byte_tokenizer() -> Tokenizer:
-    """256 byte tokens (ids 0..255) plus <|endoftext|> (256, eos), <|im_start|>, <|im_end|>."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    backend = Backend(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    """Token id = byte value (0..255), then <|endoftext|> (256, eos), <|im_start|>, <|im_end|>."""
+    byte_chars = _bytes_to_unicode()
+    backend = Backend(models.BPE(vocab={byte_chars[b]: b for b in range(256)}, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
     backend.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
@@ -60,7 +60,14 @@ def make_tiny_model(seed: int = 0, **overrides: Any) -> tuple[LlamaForCausalLM, 
     )
     config = ModelConfig(**(fields | overrides))
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).eval(), config
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        # Zero logits for all but printable ASCII, so generated text is readable (random bytes
+        # are rarely valid UTF-8) and eos is rare; prompts may still use any byte.
+        printable = torch.zeros(config.vocab_size, dtype=torch.bool)
+        printable[32:127] = True
+        model.lm_head.weight[~printable] = 0
+    return model, config
 
 
 def make_tiny_engine(tokenizer: Tokenizer | None = None, **overrides: Any) -> LLMEngine:

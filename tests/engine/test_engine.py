@@ -1,0 +1,242 @@
+"""LLMEngine end to end on a tiny random-weight model: correctness against a cache-free
+reference, batch independence, sampling parameters, n > 1, preemption, aborts and limits."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from engine.llm_engine import LLMEngine, RequestError
+from engine.protocol import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams
+from tests.engine.tiny_engine import TINY_BLOCKS, EngineFactory
+
+PROMPTS = [
+    "a",
+    "hello",
+    "The quick brown fox jumps over the lazy dog.",
+    "0123456789" * 4,
+    "naïve café ☕",
+    "short",
+    "x" * 57,
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit",
+    "?",
+    "one two three four five six",
+    "tab\tand\nnewline",
+    "b" * 23,
+    "mixed Length prompt number thirteen",
+    "zz",
+    "Ünïcödé",
+    "last prompt in the batch of sixteen, somewhat longer than most of the others",
+]
+
+
+def request(rid: str, prompt: str | list[int], **sampling) -> GenerateRequest:
+    sampling.setdefault("temperature", 0.0)
+    return GenerateRequest(request_id=rid, prompt=prompt, sampling=SamplingParams(**sampling))
+
+
+def run(engine: LLMEngine, *requests: GenerateRequest) -> dict[str, list[DeltaFrame | FinalFrame]]:
+    return engine.generate(list(requests))
+
+
+def tokens_of(frames: list[DeltaFrame | FinalFrame], index: int = 0) -> list[int]:
+    return [t for f in frames if isinstance(f, DeltaFrame) and f.index == index for t in f.token_ids]
+
+
+def text_of(frames: list[DeltaFrame | FinalFrame], index: int = 0) -> str:
+    return "".join(f.text for f in frames if isinstance(f, DeltaFrame) and f.index == index)
+
+
+def final_of(frames: list[DeltaFrame | FinalFrame]) -> FinalFrame:
+    assert isinstance(frames[-1], FinalFrame)
+    assert sum(isinstance(f, FinalFrame) for f in frames) == 1
+    return frames[-1]
+
+
+@torch.inference_mode()
+def reference_greedy(engine: LLMEngine, prompt: list[int], num_tokens: int) -> list[int]:
+    """Greedy decoding by re-running the whole sequence without any KV cache."""
+    ids = list(prompt)
+    for _ in range(num_tokens):
+        hidden = engine.runner.model(torch.tensor(ids), torch.arange(len(ids)))
+        ids.append(int(engine.runner.model.compute_logits(hidden[-1:]).argmax()))
+    return ids[len(prompt) :]
+
+
+def test_greedy_matches_cache_free_reference(make_engine: EngineFactory) -> None:
+    engine = make_engine(max_num_batched_tokens=8)  # chunked prefill, several chunks per prompt
+    prompts = PROMPTS[2:5]
+    frames = run(engine, *(request(str(i), p, max_tokens=12, ignore_eos=True) for i, p in enumerate(prompts)))
+    for i, p in enumerate(prompts):
+        assert tokens_of(frames[str(i)]) == reference_greedy(engine, engine.tokenizer.encode(p), 12)
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+def test_batch_of_16_matches_each_request_alone(make_engine: EngineFactory, chunked: bool) -> None:
+    engine = make_engine(enable_chunked_prefill=chunked, max_num_batched_tokens=32, num_kv_blocks=256)
+    alone = {p: tokens_of(run(engine, request("a", p, max_tokens=16, ignore_eos=True))["a"]) for p in PROMPTS}
+    batch = run(engine, *(request(str(i), p, max_tokens=16, ignore_eos=True) for i, p in enumerate(PROMPTS)))
+    assert {p: tokens_of(batch[str(i)]) for i, p in enumerate(PROMPTS)} == alone
+    assert engine.block_manager.num_free_blocks == 256
+
+
+def test_preemption_by_recompute_keeps_outputs(make_engine: EngineFactory) -> None:
+    roomy = make_engine(num_kv_blocks=256)
+    tight = make_engine(num_kv_blocks=24)  # 96 tokens of KV for 6 x (~30 prompt + 24 output)
+    reqs = [request(str(i), PROMPTS[i + 2][:30], max_tokens=24, ignore_eos=True) for i in range(6)]
+    expected = run(roomy, *reqs)
+    got = run(tight, *reqs)
+    assert tight.metrics.preemptions._value.get() > 0
+    assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
+    assert tight.block_manager.num_free_blocks == 24
+
+
+def test_thousand_aborted_requests_free_every_block(make_engine: EngineFactory) -> None:
+    engine = make_engine(num_kv_blocks=256, max_num_seqs=16)
+    start = engine.block_manager.num_free_blocks
+    for round_ in range(20):
+        ids = [f"{round_}-{i}" for i in range(50)]
+        for i, rid in enumerate(ids):
+            engine.add_request(request(rid, PROMPTS[i % 16][:12], max_tokens=50, ignore_eos=True))
+        engine.step()  # 16 running (prefilled), 34 waiting
+        for rid in ids[::2]:
+            out = engine.abort_request(rid)
+            assert out is not None and final_of(out.frames).finish_reason == "abort"
+        engine.step()  # the rest: some decoding, some just admitted
+        assert engine.block_manager.num_free_blocks < start
+        for rid in ids[1::2]:
+            out = engine.abort_request(rid)
+            assert out is not None and final_of(out.frames).finish_reason == "abort"
+    assert engine.block_manager.num_free_blocks == start
+    assert not engine.has_unfinished_requests() and not engine.scheduler.has_unfinished()
+    assert engine.abort_request("unknown") is None
+
+
+def test_over_long_and_invalid_prompts_are_refused(make_engine: EngineFactory) -> None:
+    engine = make_engine(max_model_len=64)
+    with pytest.raises(RequestError, match="maximum context length is 64 tokens"):
+        engine.add_request(request("long", "y" * 64))
+    with pytest.raises(RequestError, match="empty"):
+        engine.add_request(request("empty", ""))
+    with pytest.raises(RequestError, match="token ids"):
+        engine.add_request(request("ids", [1, 2, 100000]))
+    with pytest.raises(RequestError) as wrong_model:
+        engine.add_request(GenerateRequest(request_id="m", model="other", prompt="hi"))
+    assert wrong_model.value.status == 404
+    assert not engine.has_unfinished_requests()
+    # max_tokens beyond the context is cut to the room left.
+    final = final_of(run(engine, request("fit", "y" * 60, max_tokens=100, ignore_eos=True))["fit"])
+    assert (final.finish_reason, final.completion_tokens) == ("length", 4)
+
+
+def test_max_tokens_and_usage(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    frames = run(engine, request("r", "hello", max_tokens=7, ignore_eos=True))["r"]
+    final = final_of(frames)
+    assert (final.prompt_tokens, final.completion_tokens, final.finish_reason) == (5, 7, "length")
+    assert len(tokens_of(frames)) == 7
+    assert frames[-2].finish_reason == "length"
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    params = dict(temperature=1.0, top_p=0.9, seed=1234, max_tokens=20, ignore_eos=True)
+    first = tokens_of(run(engine, request("s", "seeded", **params))["s"])
+    crowd = [request(f"o{i}", p, temperature=1.0, max_tokens=20) for i, p in enumerate(PROMPTS[:7])]
+    again = tokens_of(run(engine, *crowd, request("s", "seeded", **params))["s"])
+    other_seed = tokens_of(run(engine, request("s", "seeded", **(params | {"seed": 99})))["s"])
+    assert first == again
+    assert first != other_seed
+
+
+def test_stop_string_across_token_boundaries_is_cut_and_never_streamed(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    plain = run(engine, request("p", "hello", max_tokens=24, ignore_eos=True))["p"]
+    text, plain_tokens = text_of(plain), tokens_of(plain)
+    # Three characters after the start (byte tokens: each is its own token or more).
+    start = next(i for i in range(3, len(text) - 3) if "\ufffd" not in text[i : i + 3])
+    stop = text[start : start + 3]
+    cut = text[: text.index(stop)]
+    frames = run(engine, request("s", "hello", max_tokens=24, ignore_eos=True, stop=["@@never", stop]))["s"]
+    assert text_of(frames) == cut
+    assert final_of(frames).finish_reason == "stop"
+    # Billed up to the token that completed the stop string.
+    decode = engine.tokenizer.decode
+    billed = next(k for k in range(len(plain_tokens) + 1) if stop in decode(plain_tokens[:k]))
+    assert tokens_of(frames) == plain_tokens[:billed]
+    streamed = ""
+    for f in frames[:-1]:
+        streamed += f.text
+        assert cut.startswith(streamed)  # no partial stop string ever went out
+
+
+def test_stop_token_ids_and_eos(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    greedy = tokens_of(run(engine, request("g", "hello", max_tokens=8, ignore_eos=True))["g"])
+    frames = run(engine, request("t", "hello", max_tokens=8, stop_token_ids=[greedy[3]]))["t"]
+    stop_at = greedy.index(greedy[3])
+    assert tokens_of(frames) == greedy[: stop_at + 1]
+    assert final_of(frames).finish_reason == "stop"
+    assert engine.tokenizer.encode(text_of(frames)) == greedy[:stop_at]  # the stop token is not in the text
+
+
+def test_penalties_discourage_repeats(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    plain = tokens_of(run(engine, request("a", "hello", max_tokens=24, ignore_eos=True))["a"])
+    penalised = tokens_of(
+        run(engine, request("b", "hello", max_tokens=24, ignore_eos=True, frequency_penalty=2.0))["b"]
+    )
+    assert len(set(plain)) < len(set(penalised))
+    presence = tokens_of(
+        run(engine, request("c", "hello", max_tokens=24, ignore_eos=True, presence_penalty=2.0))["c"]
+    )
+    assert presence != plain
+
+
+def test_n_choices_share_the_prompt_and_match_single_runs(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    prompt = PROMPTS[7]  # longer than a block, so children share full prompt blocks
+    single = tokens_of(run(engine, request("one", prompt, max_tokens=10, ignore_eos=True))["one"])
+    frames = run(engine, request("n", prompt, n=3, max_tokens=10, ignore_eos=True))["n"]
+    assert [tokens_of(frames, i) for i in range(3)] == [single] * 3
+    final = final_of(frames)
+    assert (final.prompt_tokens, final.completion_tokens) == (len(prompt), 30)
+    assert final.finish_reasons == ["length"] * 3
+
+    seeded = dict(temperature=1.0, seed=5, n=3, max_tokens=10, ignore_eos=True)
+    a = run(engine, request("x", prompt, **seeded))["x"]
+    b = run(engine, request("x", prompt, **seeded))["x"]
+    choices = [tokens_of(a, i) for i in range(3)]
+    assert choices == [tokens_of(b, i) for i in range(3)]
+    assert len({tuple(c) for c in choices}) == 3
+    assert engine.block_manager.num_free_blocks == TINY_BLOCKS
+
+
+def test_logprobs_in_frames(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    params = dict(max_tokens=3, logprobs=True, top_logprobs=2, ignore_eos=True)
+    frames = run(engine, request("l", "hi", **params))["l"]
+    deltas = [f for f in frames if isinstance(f, DeltaFrame)]
+    assert all(f.logprobs and len(f.logprobs[0].top_logprobs) == 2 for f in deltas)
+    for f in deltas:  # greedy: the chosen token is the most likely one
+        assert f.logprobs[0].logprob == pytest.approx(f.logprobs[0].top_logprobs[0].logprob)
+
+
+def test_chat_messages_use_the_template(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    chat = GenerateRequest(
+        request_id="c", messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=2)
+    )
+    expected = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
+    assert engine.tokenize(chat) == expected
+    assert final_of(run(engine, chat)["c"]).prompt_tokens == len(expected)
+
+
+def test_expired_deadline_aborts(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    late = GenerateRequest(request_id="d", prompt="hello", deadline=time.time() - 1)
+    frames = run(engine, late)["d"]
+    assert final_of(frames).finish_reason == "abort"
+    assert engine.block_manager.num_free_blocks == TINY_BLOCKS
