@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-import uuid
 from functools import partial
-from typing import Annotated, TypeVar
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from engine.openai_protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequestError, parse_request
+from engine.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIRequestError,
+    RequestT,
+    parse_request,
+)
 from engine.protocol import ModelList
 from gateway.errors import OpenAIError
-from gateway.keys.deps import InferenceKey
+from gateway.keys.deps import AuthenticatedKey, InferenceKey
 from gateway.limits.admission import dispatch_limited
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.relay import CompletionHook
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-
-RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
 
 
 def get_engine_pool(request: Request) -> EnginePool:
@@ -44,10 +47,6 @@ async def read_request(request: Request, request_cls: type[RequestT]) -> Request
         raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 
 
-def request_id_of(request: Request) -> str:
-    return getattr(request.state, "request_id", None) or uuid.uuid4().hex
-
-
 @router.get("/models")
 async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
     return service.list_models(pool=pool, key=key)
@@ -55,32 +54,42 @@ async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
-    openai_request = await read_request(request, ChatCompletionRequest)
-    request_id = request_id_of(request)
-    dispatch = partial(
-        service.dispatch,
-        pool=pool,
-        openai_request=openai_request,
-        endpoint="chat.completions",
+    return await generate(
+        request,
         key=key,
-        request_id=request_id,
+        pool=pool,
         hooks=hooks,
-    )
-    # Rate limits and budgets are checked before any engine work (gateway/limits).
-    return await dispatch_limited(
-        request, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
+        request_cls=ChatCompletionRequest,
+        endpoint="chat.completions",
     )
 
 
 @router.post("/completions")
 async def completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
-    openai_request = await read_request(request, CompletionRequest)
-    request_id = request_id_of(request)
+    return await generate(
+        request, key=key, pool=pool, hooks=hooks, request_cls=CompletionRequest, endpoint="completions"
+    )
+
+
+async def generate(
+    request: Request,
+    *,
+    key: AuthenticatedKey,
+    pool: EnginePool,
+    hooks: list[CompletionHook],
+    request_cls: type[ChatCompletionRequest] | type[CompletionRequest],
+    endpoint: str,
+) -> Response:
+    """Validate, check the key's model scope, admit under the limits, then dispatch to an engine."""
+    openai_request = await read_request(request, request_cls)
+    # Before the limits, so a refused model costs no quota.
+    service.ensure_model_allowed(key=key, model=openai_request.model)
+    request_id: str = request.state.request_id
     dispatch = partial(
         service.dispatch,
         pool=pool,
         openai_request=openai_request,
-        endpoint="completions",
+        endpoint=endpoint,
         key=key,
         request_id=request_id,
         hooks=hooks,

@@ -39,10 +39,9 @@ async def dispatch(
 ) -> RelayResponse:
     """Start the generation on an engine and return the response that relays it.
 
-    Refusals (model scope, no engine, engine errors before the stream) raise
-    OpenAIError. Once an engine has been asked, every path ends in the hooks.
+    The caller has checked the key's model scope (:func:`ensure_model_allowed`). Refusals
+    (no engine, engine errors before the stream) raise OpenAIError after the hooks ran.
     """
-    ensure_model_allowed(key=key, model=openai_request.model)
     tenant_id = str(key.tenant_id) if key.tenant_id else None
     gen_request = openai_request.to_generate_request(
         request_id=request_id,

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -187,11 +186,3 @@ class FakeEngine:
             self._abort_flags.pop(req.request_id, None)
             (self.finished if complete else self.disconnected).append(req.request_id)
 
-
-@contextmanager
-def running_fake_engine(**options: object) -> Iterator[FakeEngine]:
-    engine = FakeEngine(**options).start()  # type: ignore[arg-type]
-    try:
-        yield engine
-    finally:
-        engine.stop()
