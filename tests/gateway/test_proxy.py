@@ -312,3 +312,23 @@ async def test_refusals_on_the_proxy_route(
     assert suspended.status_code == 200, suspended.text
     assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret)), 403)
     assert not any(e.received for e in fake_engines)
+
+
+async def test_upstream_latency_is_exported(
+    client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine]
+) -> None:
+    def samples(text: str, engine: FakeEngine) -> list[str]:
+        return [
+            line
+            for line in text.splitlines()
+            if line.startswith("tern_upstream_request_duration_seconds_count") and engine.url in line
+        ]
+
+    before = (await client.get("/metrics")).text
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
+    after = (await client.get("/metrics")).text
+    [engine] = [e for e in fake_engines if e.received]
+    [line] = samples(after, engine)
+    assert 'rpc="generate"' in line and 'outcome="ok"' in line
+    previous = float(samples(before, engine)[0].split()[-1]) if samples(before, engine) else 0.0
+    assert float(line.split()[-1]) == previous + 1
