@@ -1,0 +1,91 @@
+"""``tern engine``: load a model and serve it (OpenAI API + internal RPC) with uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+
+from engine.config import EngineConfig
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = EngineConfig()
+    p = argparse.ArgumentParser(prog="tern engine", description="Serve a model with the Tern engine.")
+    p.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
+    p.add_argument(
+        "--served-model-name", help="name in /v1/models and the 'model' field (default: from the file)"
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8100)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=defaults.device)
+    p.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16"], default=defaults.dtype)
+    p.add_argument("--block-size", type=int, default=defaults.block_size, help="tokens per KV-cache block")
+    p.add_argument("--kv-cache-gib", type=float, default=defaults.kv_cache_gib, help="KV-cache budget on CPU")
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=defaults.gpu_memory_utilization,
+        help="fraction of GPU memory to use on CUDA",
+    )
+    p.add_argument("--max-num-seqs", type=int, default=defaults.max_num_seqs, help="most sequences per step")
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=defaults.max_num_batched_tokens,
+        help="most tokens per step",
+    )
+    p.add_argument(
+        "--max-model-len", type=int, help="context limit (default: the model's, capped by the cache)"
+    )
+    p.add_argument(
+        "--no-chunked-prefill",
+        dest="enable_chunked_prefill",
+        action="store_false",
+        help="prefill whole prompts",
+    )
+    p.add_argument("--enable-prefix-cache", action="store_true", help="reuse KV blocks of shared prefixes")
+    p.add_argument("--num-threads", type=int, help="torch CPU threads (default: all cores)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        block_size=args.block_size,
+        kv_cache_gib=args.kv_cache_gib,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_cache=args.enable_prefix_cache,
+        num_threads=args.num_threads,
+        served_model_name=args.served_model_name,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    import uvicorn
+
+    from engine.llm_engine import LLMEngine
+    from engine.server import create_app
+
+    engine = LLMEngine.from_config(config_from_args(args))
+    logging.getLogger(__name__).info(
+        "serving %s on http://%s:%d (%s, %d KV blocks)",
+        engine.model_name,
+        args.host,
+        args.port,
+        engine.device,
+        engine.runner.num_blocks,
+    )
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
