@@ -17,6 +17,7 @@ import torch
 
 from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
+from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.config import EngineConfig
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
@@ -135,6 +136,8 @@ class LLMEngine:
 
     def _make_block_manager(self, allocator: BlockAllocator) -> BlockManager:
         """The prefix cache plugs in here (a BlockManager subclass that reuses cached blocks)."""
+        if self.config.enable_prefix_cache:
+            return PrefixCachingBlockManager(allocator, self.config.block_size, model_name=self.model_name)
         return BlockManager(allocator, self.config.block_size)
 
     # -- requests ------------------------------------------------------------------------
@@ -225,6 +228,9 @@ class LLMEngine:
         self._update_gauges()
         return out
 
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
 
@@ -265,6 +271,7 @@ class LLMEngine:
             self._record_timing(seq, now)
             if seq.num_output_tokens == 1 and seq.index == 0:
                 self.metrics.prompt_tokens.inc(len(state.prompt_token_ids))
+                self.metrics.cached_prompt_tokens.inc(seq.num_cached_tokens)
                 self._fork_choices(state, seq)
             out.frames.append(self._emit(state, seq, token))
             if state.finished:
@@ -366,6 +373,8 @@ class LLMEngine:
             blocks_used=self.block_manager.num_blocks - free,
             blocks_free=free,
         )
+        if isinstance(self.block_manager, PrefixCachingBlockManager):
+            self.metrics.set_prefix_cache(self.block_manager.cache_stats())
 
     # -- convenience -----------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.cache.radix_cache import CacheStats
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60)
 
 
@@ -19,6 +21,9 @@ class EngineMetrics:
         self.kv_blocks_used = Gauge("tern_engine_kv_blocks_used", "KV-cache blocks in use", registry=r)
         self.kv_blocks_free = Gauge("tern_engine_kv_blocks_free", "Free KV-cache blocks", registry=r)
         self.prompt_tokens = Counter("tern_engine_prompt_tokens", "Prompt tokens processed", registry=r)
+        self.cached_prompt_tokens = Counter(
+            "tern_engine_prompt_tokens_cached", "Prompt tokens served from the prefix cache", registry=r
+        )
         self.generation_tokens = Counter("tern_engine_generation_tokens", "Tokens generated", registry=r)
         self.preemptions = Counter("tern_engine_preemptions", "Sequences preempted for recompute", registry=r)
         self.requests_finished = Counter(
@@ -36,12 +41,28 @@ class EngineMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.prefix_cache_blocks = Gauge(
+            "tern_engine_prefix_cache_blocks", "KV blocks held by the prefix cache", registry=r
+        )
+        self.prefix_cache_tokens = Gauge(
+            "tern_engine_prefix_cache_tokens", "Tokens held by the prefix cache", registry=r
+        )
+        self.prefix_cache_evicted_blocks = Counter(
+            "tern_engine_prefix_cache_evicted_blocks", "KV blocks evicted from the prefix cache", registry=r
+        )
+        self._evicted_seen = 0
 
     def set_queues(self, *, running: int, waiting: int, blocks_used: int, blocks_free: int) -> None:
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_blocks_used.set(blocks_used)
         self.kv_blocks_free.set(blocks_free)
+
+    def set_prefix_cache(self, stats: CacheStats) -> None:
+        self.prefix_cache_blocks.set(stats.tree_blocks)
+        self.prefix_cache_tokens.set(stats.tree_tokens)
+        self.prefix_cache_evicted_blocks.inc(stats.evicted_blocks - self._evicted_seen)
+        self._evicted_seen = stats.evicted_blocks
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ for lack of memory; it waits.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -48,6 +49,7 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         enable_chunked_prefill: bool = True,
+        max_cache_aware_wait_s: float = 5.0,
     ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
@@ -57,6 +59,9 @@ class Scheduler:
         self.running: list[Sequence] = []
         # Keep a few blocks spare when admitting, so running sequences can grow without preempting.
         self.watermark_blocks = max(1, block_manager.num_blocks // 100)
+        self.max_cache_aware_wait_s = max_cache_aware_wait_s
+        self.max_cache_aware_queue = 256
+        """Longer queues are taken in arrival order (ordering costs a tree lookup per sequence)."""
 
     # -- queue changes -------------------------------------------------------------------
 
@@ -123,9 +128,12 @@ class Scheduler:
         return budget
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
-            seq = self.waiting[0]
+        for seq in self._admission_order(time.monotonic()):
+            if budget <= 0 or len(self.running) >= self.max_num_seqs:
+                break
             fresh = seq.num_computed_tokens == 0 and not seq.block_table
+            if fresh and self._prefix_in_flight(seq):
+                continue  # a running prefill is computing this prefix: wait a step or two and reuse it
             copies = self.block_manager.reuse_cached_prefix(seq) if fresh else []
             num_new = seq.num_uncomputed_tokens
             if num_new > budget and not self.enable_chunked_prefill:
@@ -142,13 +150,58 @@ class Scheduler:
                 self._undo_prefix(seq, fresh)
                 break
             self.block_manager.allocate(seq, num_new)
-            self.waiting.popleft()
+            self.waiting.remove(seq)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             out.seqs.append(seq)
             out.num_new_tokens.append(num_new)
             out.block_copies.extend(copies)
             budget -= num_new
+
+    def _admission_order(self, now: float) -> list[Sequence]:
+        """Waiting sequences in the order to try them.
+
+        Without a prefix cache: the queue order (arrival, preempted and forked ones first).
+        With one: sequences already started (preempted, forked) and those waiting longer
+        than ``max_cache_aware_wait_s`` keep queue order and go first, so no cold request
+        starves; the rest follow by longest cached prefix (least prefill), oldest first
+        among equals.
+        """
+        queue = list(self.waiting)
+        if not self.block_manager.caches_prefixes or not 1 < len(queue) <= self.max_cache_aware_queue:
+            return queue
+
+        def keeps_its_place(seq: Sequence) -> bool:
+            started = bool(seq.block_table) or seq.num_preemptions > 0
+            return started or now - seq.arrival_time >= self.max_cache_aware_wait_s
+
+        first = [seq for seq in queue if keeps_its_place(seq)]
+        rest = [seq for seq in queue if not keeps_its_place(seq)]
+        rest.sort(key=lambda seq: -self.block_manager.cached_prefix_len(seq))  # stable: oldest first
+        return first + rest
+
+    def _prefix_in_flight(self, seq: Sequence) -> bool:
+        """Whether a running prompt still being prefilled shares a block more with ``seq`` than the cache.
+
+        Admitting ``seq`` now would compute that block twice; once the other prefill
+        completes, the block is in the cache. This waits at most for that prefill to
+        finish, so it needs no age bound.
+        """
+        if not self.block_manager.caches_prefixes:
+            return False
+        prompt = seq.prompt_token_ids
+        cached = None
+        for other in self.running:
+            prefilling = other.num_computed_tokens < other.num_prompt_tokens
+            if not prefilling or other.cache_namespace != seq.cache_namespace:
+                continue
+            if cached is None:
+                cached = self.block_manager.cached_prefix_len(seq)
+            bs = self.block_manager.block_size
+            n = (cached // bs + 1) * bs  # the end of the next block the cache lacks
+            if n < len(prompt) and prompt[:n] == other.prompt_token_ids[:n]:
+                return True
+        return False
 
     def _undo_prefix(self, seq: Sequence, fresh: bool) -> None:
         """Give back cached blocks just taken for a sequence that is not admitted after all."""
@@ -159,6 +212,5 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.block_manager.free(seq)
-        seq.num_cached_tokens = 0
         seq.num_preemptions += 1
         self.add_first(seq)

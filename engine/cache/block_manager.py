@@ -20,6 +20,9 @@ from engine.sequence import Sequence
 
 
 class BlockManager:
+    caches_prefixes = False
+    """True when a prefix cache is attached (the scheduler then orders admissions cache-aware)."""
+
     def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
@@ -77,6 +80,10 @@ class BlockManager:
         return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
 
     # -- prefix-cache seam (no-ops without a cache) ----------------------------------------
+
+    def cached_prefix_len(self, seq: Sequence) -> int:
+        """Tokens of ``seq`` that admitting it now would take from the cache."""
+        return 0
 
     def reuse_cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
         """Adopt cached blocks for the start of ``seq``; return (src, dst) block copies to run first."""

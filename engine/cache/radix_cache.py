@@ -74,7 +74,6 @@ class CacheStats:
     tree_tokens: int
     tree_blocks: int
     evictable_blocks: int
-    hit_tokens: int
     evicted_blocks: int
 
 
@@ -88,25 +87,19 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._num_blocks = 0
         self._num_evictable = 0
-        self._hit_tokens = 0
         self._evicted_blocks = 0
 
     # ---- lookup -------------------------------------------------------------------
 
     def match_prefix(self, namespace: Hashable, token_ids: Sequence[int]) -> PrefixMatch:
-        """Longest cached prefix of ``token_ids``, counted as a cache hit.
+        """Longest cached prefix of ``token_ids``; refreshes its LRU time.
 
         Splits the node where the match ends so that ``last_node`` covers exactly the
         matched pages. Callers that must compute at least one token (to get logits)
-        pass the prompt without its last token.
+        pass the prompt without its last token. Hits are counted by the caller, which
+        knows whether the request was admitted (the engine's usage and metrics).
         """
-        match = self._match(namespace, tuple(token_ids))
-        self._hit_tokens += match.num_tokens
-        return match
-
-    def cached_len(self, namespace: Hashable, token_ids: Sequence[int]) -> int:
-        """How many tokens :meth:`match_prefix` would match; for ordering the queue."""
-        return self._match(namespace, tuple(token_ids)).num_tokens
+        return self._match(namespace, tuple(token_ids))
 
     def _match(self, namespace: Hashable, tokens: Page) -> PrefixMatch:
         bs = self.block_size
@@ -243,7 +236,6 @@ class RadixCache:
             tree_tokens=self._num_blocks * self.block_size,
             tree_blocks=self._num_blocks,
             evictable_blocks=self._num_evictable,
-            hit_tokens=self._hit_tokens,
             evicted_blocks=self._evicted_blocks,
         )
 

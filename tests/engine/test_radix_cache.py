@@ -35,7 +35,6 @@ def test_insert_then_match_whole_pages() -> None:
     blocks = cache_tokens(cache, "m", list(range(12)))
     match = cache.match_prefix("m", [*range(12), 99])
     assert (match.num_tokens, match.blocks, match.partial_block) == (12, blocks, None)
-    assert cache.stats().hit_tokens == 12
     assert [allocator.refcount(b) for b in blocks] == [1, 1, 1]
 
 
@@ -106,9 +105,9 @@ def test_evict_takes_least_recently_used_leaf_first() -> None:
     new = cache_tokens(cache, "m", [3] * 4)
     cache.match_prefix("m", [1] * 4)  # touch: now the most recent
     assert cache.evict(1) == 1
-    assert cache.cached_len("m", [2] * 4) == 0
+    assert cache.match_prefix("m", [2] * 4).num_tokens == 0
     assert cache.evict(1) == 1
-    assert cache.cached_len("m", [3] * 4) == 0
+    assert cache.match_prefix("m", [3] * 4).num_tokens == 0
     assert cache.match_prefix("m", [1] * 4).blocks == old
     assert cache.stats().evicted_blocks == 2
     assert middle != new
@@ -119,7 +118,7 @@ def test_evict_prunes_leaves_before_their_parents() -> None:
     cache_tokens(cache, "m", list(range(8)))
     cache_tokens(cache, "m", [0, 1, 2, 3, 9, 9, 9, 9])  # splits: shared page with two children
     assert cache.evict(1) == 1
-    assert cache.cached_len("m", [0, 1, 2, 3]) == 4  # the shared parent survives
+    assert cache.match_prefix("m", [0, 1, 2, 3]).num_tokens == 4  # the shared parent survives
     assert cache.evict(100) == 2
     assert allocator.num_free == 32 and cache.stats().tree_blocks == 0
 
@@ -138,13 +137,6 @@ def test_locked_nodes_survive_eviction() -> None:
         cache.unlock(match.last_node)
     assert cache.evict(100) == 2
     assert allocator.num_free == 32
-
-
-def test_cached_len_is_not_a_hit() -> None:
-    _, cache = make_cache()
-    cache_tokens(cache, "m", list(range(8)))
-    assert cache.cached_len("m", list(range(8))) == 8
-    assert cache.stats().hit_tokens == 0
 
 
 # ---- property tests ------------------------------------------------------------------------

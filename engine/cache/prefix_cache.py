@@ -1,0 +1,109 @@
+"""The block manager with a prefix cache: sequences reuse and leave behind KV blocks in a radix tree.
+
+It fills the seams of :class:`BlockManager`:
+
+- admission (:meth:`reuse_cached_prefix`): share the longest cached prefix's blocks, lock
+  its tree path, and copy-on-write the block where the match ends mid-page;
+- growth (:meth:`allocate`): before a sequence computes more, the whole pages it has
+  computed since the last time go into the tree (so chunked prefills and decodes become
+  reusable as they complete), and the lock moves down to the new deepest node;
+- release (:meth:`release`): the same insert, then unlock, before the sequence drops
+  its own references (finish, abort and preemption alike: preempted sequences hit
+  their own blocks when they are readmitted);
+- room (:meth:`num_reclaimable_blocks`, :meth:`_reclaim`): unlocked cached blocks count
+  as available, and are evicted (least recently used first) before anything is preempted.
+
+The namespace of a sequence is (model name, request's ``cache_namespace``), so models
+and isolated tenants never share blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
+from engine.cache.block_manager import BlockManager
+from engine.cache.radix_cache import CacheStats, RadixCache, RadixNode
+from engine.sequence import Sequence
+
+
+@dataclass(eq=False)
+class _CacheHandle:
+    """What a sequence holds in the tree: its locked node and how many of its tokens are cached."""
+
+    node: RadixNode
+    inserted_tokens: int
+
+
+class PrefixCachingBlockManager(BlockManager):
+    caches_prefixes = True
+
+    def __init__(self, allocator: BlockAllocator, block_size: int, *, model_name: str) -> None:
+        super().__init__(allocator, block_size)
+        self.model_name = model_name
+        self.cache = RadixCache(allocator, block_size)
+
+    def namespace(self, seq: Sequence) -> tuple[str, str | None]:
+        return (self.model_name, seq.cache_namespace)
+
+    def cache_stats(self) -> CacheStats:
+        return self.cache.stats()
+
+    def cached_prefix_len(self, seq: Sequence) -> int:
+        return self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1]).num_tokens
+
+    def reuse_cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+        # At least the last token is computed, so the step yields logits for it.
+        match = self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1])
+        self.cache.lock(match.last_node)
+        full_tokens = len(match.blocks) * self.block_size
+        seq.prefix_handle = _CacheHandle(match.last_node, full_tokens)
+        self.share(seq, match.blocks, full_tokens)
+        copies: list[tuple[int, int]] = []
+        if match.partial_block is not None and (dst := self._take_one_block()) is not None:
+            seq.block_table.append(dst)
+            seq.num_computed_tokens += match.partial_tokens
+            copies.append((match.partial_block, dst))
+        if seq.num_preemptions == 0:  # usage reports what the first admission reused
+            seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
+        return copies
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        self._insert_computed(seq)
+        super().allocate(seq, num_new_tokens)
+
+    def release(self, seq: Sequence) -> None:
+        self._insert_computed(seq)
+        handle = seq.prefix_handle
+        if isinstance(handle, _CacheHandle):
+            self.cache.unlock(handle.node)
+        seq.prefix_handle = None
+
+    def num_reclaimable_blocks(self) -> int:
+        return self.cache.num_evictable_blocks
+
+    def _reclaim(self, num_blocks: int) -> None:
+        self.cache.evict(num_blocks)
+
+    def _take_one_block(self) -> int | None:
+        """A fresh block for copy-on-write, evicting if needed; None when there is none to have."""
+        try:
+            if self.num_free_blocks == 0:
+                self._reclaim(1)
+            return self.allocator.allocate(1)[0]
+        except NoFreeBlocksError:
+            return None
+
+    def _insert_computed(self, seq: Sequence) -> None:
+        """Put the sequence's newly completed whole pages in the tree and lock its new deepest node."""
+        handle = seq.prefix_handle
+        if not isinstance(handle, _CacheHandle):
+            handle = None
+        done = seq.num_computed_tokens // self.block_size * self.block_size
+        if done == 0 or (handle is not None and done <= handle.inserted_tokens):
+            return
+        node = self.cache.insert(self.namespace(seq), seq.token_ids[:done], seq.block_table)
+        self.cache.lock(node)
+        if handle is not None:
+            self.cache.unlock(handle.node)
+        seq.prefix_handle = _CacheHandle(node, done)
