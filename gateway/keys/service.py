@@ -21,19 +21,33 @@ from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyOut
 from gateway.tenants.service import get_tenant
 
-UPDATABLE_FIELDS = (
-    "name",
-    "models",
-    "rpm_limit",
-    "tpm_limit",
-    "max_concurrency",
-    "monthly_token_budget",
-    "expires_at",
-)
+LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_concurrency", "monthly_token_budget")
+UPDATABLE_FIELDS = ("name", "models", *LIMIT_FIELDS, "expires_at")
 
 
 def snapshot(key: ApiKey) -> dict[str, Any]:
     return KeyOut.model_validate(key).model_dump(mode="json")
+
+
+def _audit(
+    session: AsyncSession,
+    *,
+    actor: Actor,
+    action: str,
+    key: ApiKey,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    record(
+        session,
+        actor=actor,
+        tenant_id=key.tenant_id,
+        action=action,
+        object_type="api_key",
+        object_id=key.id,
+        before=before,
+        after=after,
+    )
 
 
 def _not_found(key_id: uuid.UUID) -> OpenAIError:
@@ -109,16 +123,7 @@ async def create_key(
         expires_at=expires_at,
     )
     await session.flush()
-    record(
-        session,
-        actor=actor,
-        tenant_id=key.tenant_id,
-        action="key.create",
-        object_type="api_key",
-        object_id=key.id,
-        before=None,
-        after=snapshot(key),
-    )
+    _audit(session, actor=actor, action="key.create", key=key, before=None, after=snapshot(key))
     await session.commit()
     return key, plaintext
 
@@ -176,16 +181,7 @@ async def update_key(
     await session.flush()
     after = snapshot(key)
     if after != before:
-        record(
-            session,
-            actor=actor,
-            tenant_id=key.tenant_id,
-            action="key.update",
-            object_type="api_key",
-            object_id=key.id,
-            before=before,
-            after=after,
-        )
+        _audit(session, actor=actor, action="key.update", key=key, before=before, after=after)
     await session.commit()
     return key
 
@@ -196,16 +192,7 @@ async def revoke_key(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) 
     if key.revoked_at is None:
         before = snapshot(key)
         key.revoked_at = datetime.now(UTC)
-        record(
-            session,
-            actor=actor,
-            tenant_id=key.tenant_id,
-            action="key.revoke",
-            object_type="api_key",
-            object_id=key.id,
-            before=before,
-            after=snapshot(key),
-        )
+        _audit(session, actor=actor, action="key.revoke", key=key, before=before, after=snapshot(key))
         await session.commit()
     return key
 
@@ -230,36 +217,20 @@ async def rotate_key(
         secret=secret,
         kind=old.kind,
         tenant_id=old.tenant_id,
-        name=old.name,
         models=list(old.models),
-        rpm_limit=old.rpm_limit,
-        tpm_limit=old.tpm_limit,
-        max_concurrency=old.max_concurrency,
-        monthly_token_budget=old.monthly_token_budget,
-        expires_at=None,
+        **{field: getattr(old, field) for field in ("name", *LIMIT_FIELDS)},
         rotated_from=old.id,
     )
     await session.flush()
-    record(
+    _audit(
         session,
         actor=actor,
-        tenant_id=old.tenant_id,
         action="key.rotate",
-        object_type="api_key",
-        object_id=old.id,
+        key=old,
         before=before,
         after={**snapshot(old), "rotated_to": str(new.id)},
     )
-    record(
-        session,
-        actor=actor,
-        tenant_id=new.tenant_id,
-        action="key.create",
-        object_type="api_key",
-        object_id=new.id,
-        before=None,
-        after=snapshot(new),
-    )
+    _audit(session, actor=actor, action="key.create", key=new, before=None, after=snapshot(new))
     await session.commit()
     return old, new, plaintext
 
@@ -288,16 +259,7 @@ async def bootstrap_admin_key(
         )
         session.add(key)
         await session.flush()
-        record(
-            session,
-            actor=SYSTEM,
-            tenant_id=None,
-            action="key.bootstrap",
-            object_type="api_key",
-            object_id=key.id,
-            before=None,
-            after=snapshot(key),
-        )
+        _audit(session, actor=SYSTEM, action="key.bootstrap", key=key, before=None, after=snapshot(key))
         try:
             await session.commit()
         except Exception:  # another process registered it first

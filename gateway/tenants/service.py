@@ -21,6 +21,27 @@ def snapshot(tenant: Tenant) -> dict[str, Any]:
     return TenantOut.model_validate(tenant).model_dump(mode="json")
 
 
+def _audit(
+    session: AsyncSession,
+    *,
+    actor: Actor,
+    action: str,
+    tenant: Tenant,
+    before: dict[str, Any] | None,
+    after: dict[str, Any] | None,
+) -> None:
+    record(
+        session,
+        actor=actor,
+        tenant_id=tenant.id,
+        action=action,
+        object_type="tenant",
+        object_id=tenant.id,
+        before=before,
+        after=after,
+    )
+
+
 def _require_platform(actor: Actor, action: str) -> None:
     if not actor.is_platform:
         raise OpenAIError(
@@ -62,16 +83,7 @@ async def create_tenant(session: AsyncSession, *, actor: Actor, name: str) -> Te
     except IntegrityError:
         await session.rollback()
         raise _name_taken(name) from None
-    record(
-        session,
-        actor=actor,
-        tenant_id=tenant.id,
-        action="tenant.create",
-        object_type="tenant",
-        object_id=tenant.id,
-        before=None,
-        after=snapshot(tenant),
-    )
+    _audit(session, actor=actor, action="tenant.create", tenant=tenant, before=None, after=snapshot(tenant))
     await session.commit()
     return tenant
 
@@ -98,16 +110,7 @@ async def update_tenant(
         raise _name_taken(name or "") from None
     after = snapshot(tenant)
     if after != before:
-        record(
-            session,
-            actor=actor,
-            tenant_id=tenant.id,
-            action="tenant.update",
-            object_type="tenant",
-            object_id=tenant.id,
-            before=before,
-            after=after,
-        )
+        _audit(session, actor=actor, action="tenant.update", tenant=tenant, before=before, after=after)
     await session.commit()
     return tenant
 
@@ -119,14 +122,5 @@ async def delete_tenant(session: AsyncSession, *, actor: Actor, tenant_id: uuid.
     tenant = await get_tenant(session, actor=actor, tenant_id=tenant_id)
     before = snapshot(tenant)
     tenant.deleted_at = datetime.now(UTC)
-    record(
-        session,
-        actor=actor,
-        tenant_id=tenant.id,
-        action="tenant.delete",
-        object_type="tenant",
-        object_id=tenant.id,
-        before=before,
-        after=None,
-    )
+    _audit(session, actor=actor, action="tenant.delete", tenant=tenant, before=before, after=None)
     await session.commit()
