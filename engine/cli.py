@@ -44,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="prefill whole prompts",
     )
-    p.add_argument("--enable-prefix-cache", action="store_true", help="reuse KV blocks of shared prefixes")
+    p.add_argument(
+        "--no-prefix-cache",
+        dest="enable_prefix_cache",
+        action="store_false",
+        help="do not reuse the KV blocks of shared prefixes (on by default; off for comparison)",
+    )
     p.add_argument("--num-threads", type=int, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
