@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import csv
 import io
+import json
+import os
 import random
+import sys
 import uuid
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 
+import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from gateway.reports.schemas import METRICS
 from gateway.usage.schemas import UsageRecord
 from gateway.usage.service import write_batch
 
@@ -258,3 +263,16 @@ async def test_prices_are_admin_managed_and_audited(
     assert (await client.delete(f"/admin/prices/{price['id']}", headers=admin_headers)).status_code == 204
     audit = await client.get("/admin/audit", params={"object_type": "model_price"}, headers=admin_headers)
     assert [e["action"] for e in audit.json()["data"]] == ["price.delete", "price.create"]
+
+
+async def test_tern_admin_report_prints_the_same_totals(world, gateway_settings) -> None:
+    env = {**os.environ, "TERN_DATABASE_URL": gateway_settings.database_url}
+    start = (TODAY - timedelta(days=5)).isoformat()
+    command = [sys.executable, "-m", "gateway.cli", "admin", "report", "--from", start, "--group-by", "model"]
+    as_json = await anyio.run_process([*command, "--format", "json"], env=env)
+    totals = json.loads(as_json.stdout)["totals"]
+    assert as_comparable(totals) == expected_totals(world["records"])
+    table = (await anyio.run_process(command, env=env)).stdout.decode()
+    header, _, *body = table.splitlines()
+    assert header.split() == ["model", *METRICS]
+    assert body[-1].split()[0] == "TOTAL" and body[-1].split()[-1] == totals["cost"]
