@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     key.add_argument("--expires-at", type=_aware_datetime, help="ISO 8601 with a timezone")
     key.set_defaults(run=cmd_create_key)
 
+    from gateway.reports.cli import add_report_parser
+
+    add_report_parser(admin_commands)  # tern admin report
+
     for name, (_, help_text) in DELEGATED.items():
         commands.add_parser(name, help=help_text, add_help=False)
     return parser
