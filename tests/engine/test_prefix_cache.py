@@ -6,12 +6,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.llm_engine import LLMEngine
-from engine.protocol import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams
+from engine.protocol import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams, parse_frame
+from engine.server import create_app
 from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_engine
+from tests.gateway.live_server import ServerThread
 
 SYSTEM = "You are a terse assistant. Answer in one line, please. "  # 55 bytes: ends mid-block (block 4)
 QUESTIONS = ["What is 2+2?", "Name a colour.", "Why is the sky blue?", "Say hi.", "Count to three."]
@@ -186,6 +190,30 @@ def test_metrics_report_hits_prompts_evictions_and_tree_size() -> None:
     assert "tern_engine_prefix_cache_evicted_blocks_total 0.0" in text
     blocks = llm.block_manager.cache.stats().tree_blocks  # type: ignore[attr-defined]
     assert blocks > 0 and f"tern_engine_prefix_cache_blocks {blocks:.1f}" in text
+
+
+def test_openai_usage_and_rpc_final_frame_report_cached_tokens() -> None:
+    server = ServerThread(create_app(engine(True))).start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Hi."}]
+        first = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        second = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        assert first.usage and second.usage and second.usage.prompt_tokens_details
+        assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
+        assert second.choices[0].message.content == first.choices[0].message.content
+
+        other = [messages[0], {"role": "user", "content": "Bye."}]
+        body = {"request_id": "rpc", "messages": other, "sampling": {"max_tokens": 2}}
+        with httpx.stream("POST", f"{server.url}/rpc/v1/generate", json=body, timeout=60) as response:
+            frames = [parse_frame(line) for line in response.iter_lines() if line]
+        last = frames[-1]
+        assert isinstance(last, FinalFrame) and last.cached_tokens > len(SYSTEM)
+        metrics = httpx.get(f"{server.url}/metrics").text
+        assert "tern_engine_prompt_tokens_cached_total" in metrics
+        assert "tern_engine_prefix_cache_tokens" in metrics
+    finally:
+        server.stop()
 
 
 def _common(a: str, b: str) -> str:
