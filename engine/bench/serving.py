@@ -1,0 +1,113 @@
+"""Load test for a running engine: N concurrent streams, one JSON line of results.
+
+    python -m engine.bench.serving --url http://127.0.0.1:8100 --concurrency 16 \
+        --num-requests 32 --max-tokens 64
+
+Requests go to the internal RPC (``/rpc/v1/generate``) with greedy decoding and
+``ignore_eos``, so every request produces exactly ``--max-tokens`` tokens and
+runs are comparable with ``engine.bench.hf_baseline``. Time to first token is
+measured from sending the request to the first frame carrying a token;
+inter-token latency is the gap between consecutive tokens of one request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from engine.bench import PROMPTS
+from engine.protocol import GENERATE_PATH, DeltaFrame, FinalFrame, parse_frame
+
+
+@dataclass
+class RequestResult:
+    ttft: float
+    token_times: list[float] = field(default_factory=list)
+    completion_tokens: int = 0
+
+
+async def one_request(
+    client: httpx.AsyncClient, url: str, rid: str, prompt: str, max_tokens: int
+) -> RequestResult:
+    body = {
+        "request_id": rid,
+        "prompt": prompt,
+        "sampling": {"max_tokens": max_tokens, "temperature": 0, "ignore_eos": True},
+    }
+    start = time.perf_counter()
+    token_times: list[float] = []
+    completion_tokens = 0
+    async with client.stream("POST", url + GENERATE_PATH, json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line:
+                continue
+            frame = parse_frame(line)
+            if isinstance(frame, DeltaFrame):
+                token_times.extend([time.perf_counter()] * len(frame.token_ids))
+            elif isinstance(frame, FinalFrame):
+                completion_tokens = frame.completion_tokens
+            else:
+                raise RuntimeError(f"request {rid} failed: {frame.message}")
+    return RequestResult(token_times[0] - start, token_times, completion_tokens)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+async def run(url: str, concurrency: int, num_requests: int, max_tokens: int) -> dict[str, float | int | str]:
+    semaphore = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=None, limits=limits) as client:
+        # One warm-up request, so lazy initialisation is not billed to the first measurement.
+        await one_request(client, url, "bench-warmup", PROMPTS[0], 4)
+
+        async def limited(i: int) -> RequestResult:
+            async with semaphore:
+                return await one_request(client, url, f"bench-{i}", PROMPTS[i % len(PROMPTS)], max_tokens)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(limited(i) for i in range(num_requests)))
+        elapsed = time.perf_counter() - start
+    ttfts = [r.ttft for r in results]
+    itls = [b - a for r in results for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
+    output_tokens = sum(r.completion_tokens for r in results)
+    return {
+        "url": url,
+        "concurrency": concurrency,
+        "num_requests": num_requests,
+        "max_tokens": max_tokens,
+        "output_tokens": output_tokens,
+        "duration_s": round(elapsed, 3),
+        "output_tokens_per_s": round(output_tokens / elapsed, 2),
+        "ttft_p50_ms": round(percentile(ttfts, 50) * 1000, 1),
+        "ttft_p99_ms": round(percentile(ttfts, 99) * 1000, 1),
+        "itl_p50_ms": round(percentile(itls, 50) * 1000, 1),
+        "itl_p99_ms": round(percentile(itls, 99) * 1000, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8100")
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--num-requests", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    args = p.parse_args(argv)
+    result = asyncio.run(run(args.url.rstrip("/"), args.concurrency, args.num_requests, args.max_tokens))
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
