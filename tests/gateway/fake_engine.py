@@ -39,7 +39,8 @@ from engine.protocol import (
 
 REPLY = ["Hello", " from", " the", " fake", " engine", "."]
 
-Mode = Literal["ok", "error_status", "error_midstream", "context_length"]
+Mode = Literal["ok", "error_status", "error_midstream", "truncate", "context_length"]
+"""truncate: end the stream after two deltas with no last frame, like an engine that died."""
 
 
 def prompt_token_count(req: GenerateRequest) -> int:
@@ -164,6 +165,8 @@ class FakeEngine:
                     produced += 1
                 if i == 0 and self.gate is not None:
                     await self._wait_for_gate(self.gate, abort)
+                if i == 1 and self.mode == "truncate":
+                    return
                 if i == 1 and self.mode == "error_midstream":
                     yield encode_frame(
                         ErrorFrame(message="engine failed mid-stream", completion_tokens=produced)
@@ -185,4 +188,3 @@ class FakeEngine:
         finally:
             self._abort_flags.pop(req.request_id, None)
             (self.finished if complete else self.disconnected).append(req.request_id)
-

@@ -184,3 +184,18 @@ def test_engine_failure_mid_stream_becomes_an_error_event(
     outcome = outcomes.wait_one()
     assert outcome.status == 500 and outcome.finish_reason == "error" and outcome.completion_tokens == 2
     assert fake_engine.aborted == []
+
+
+def test_stream_that_ends_without_a_last_frame(
+    http: httpx.Client, fake_engine: FakeEngine, outcomes: Outcomes
+) -> None:
+    assert fake_engine.gate is not None
+    fake_engine.gate.set()
+    fake_engine.mode = "truncate"
+    response = http.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "cut-1"})
+    events = list(data_events(iter(response.text.splitlines())))
+    assert events[-2]["error"]["code"] == "engine_stream_broken" and events[-1] == "[DONE]"
+    assert chat_text(events[:-2]) == "".join(REPLY[:2])
+    outcome = outcomes.wait_one()
+    assert outcome.status == 502 and not outcome.usage_exact and outcome.completion_tokens == 2
+    assert fake_engine.aborted == ["cut-1"]  # the engine never said it was done: make sure it stops
