@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import date
 from decimal import Decimal
 
@@ -173,7 +173,7 @@ def test_reset_durations_use_openai_style() -> None:
 
 
 @pytest.fixture
-def own_redis() -> AsyncIterator[RedisServer]:
+def own_redis() -> Iterator[RedisServer]:
     """A Redis of this test's own, so stopping it disturbs nobody else."""
     server = RedisServer().start()
     yield server

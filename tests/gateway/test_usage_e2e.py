@@ -3,6 +3,7 @@ produced, and SIGTERM with streams in flight loses nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ from conftest import TEST_ADMIN_KEY, TEST_SECRET
 from fake_engine import REPLY, FakeEngine
 from live_server import ServerThread, create_inference_key
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.app import create_app
 from gateway.config import Settings
@@ -30,9 +32,7 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hel
 
 
 def read_usage(database_url: str) -> list[dict]:
-    import asyncio
-
-    from sqlalchemy.ext.asyncio import create_async_engine
+    """All usage rows (checking the rollups agree with them), read from a test thread."""
 
     async def run() -> list[dict]:
         engine = create_async_engine(database_url)
