@@ -1,0 +1,129 @@
+"""BitNet b1.58 (``microsoft/bitnet-b1.58-2B-4T``, transformers' ``BitNetForCausalLM``).
+
+A Llama-shaped decoder with three differences: an RMSNorm on the attention output before
+``o_proj`` (``attn_sub_norm``), a squared-ReLU gated MLP with an RMSNorm before ``down_proj``
+(``ffn_sub_norm``), and every projection a ternary ``BitLinear`` (weights in {-1, 0, 1} times a
+per-tensor scale, activations quantized to int8 per token).
+
+The projections are built as plain ``nn.Linear`` with Hugging Face names, like the Llama model,
+and become ``TernaryLinear`` once weights are in: :func:`ternary_weights_from_checkpoint` turns the
+checkpoint's packed ``uint8`` weights and ``weight_scale`` into ternary weights for
+``install_quantized_weights``; a float checkpoint is ternarized with absmean
+(``quantize_linears(model, "bitnet")``, transformers' "online" mode). ``lm_head`` stays float.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.layers.norm import RMSNorm
+from engine.layers.quant.formats import ternary_from_bitnet
+from engine.layers.quant.weights import TernaryWeight
+from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.model_config import ModelConfig
+from engine.models.llama import LlamaAttention, LlamaForCausalLM
+
+PACKED_WEIGHT_SUFFIX = ".weight"
+WEIGHT_SCALE_SUFFIX = ".weight_scale"
+
+
+class BitNetAttention(LlamaAttention):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)
+        self.attn_sub_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
+        out = self.attn(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+        return self.o_proj(self.attn_sub_norm(out.reshape(tokens, self.num_heads * self.head_dim)))
+
+
+class BitNetMLP(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        hidden, inner = config.hidden_size, config.intermediate_size
+        self.gate_proj = nn.Linear(hidden, inner, bias=False)
+        self.up_proj = nn.Linear(hidden, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden, bias=False)
+        self.ffn_sub_norm = RMSNorm(inner, config.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gated = F.relu(self.gate_proj(x)).square() * self.up_proj(x)
+        return self.down_proj(self.ffn_sub_norm(gated))
+
+
+class BitNetDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = BitNetAttention(config)
+        self.mlp = BitNetMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class BitNetModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(BitNetDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions, hidden.dtype)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin)
+        return self.norm(hidden)
+
+
+class BitNetForCausalLM(LlamaForCausalLM):
+    """Same interface as the Llama model: ``forward(input_ids[T], positions[T]) -> hidden[T, H]``."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = BitNetModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+
+def is_packed_bitnet_tensor(name: str, tensor: torch.Tensor) -> bool:
+    """A tensor of a packed ``BitLinear``: its uint8 weight or its ``weight_scale``."""
+    return name.endswith(WEIGHT_SCALE_SUFFIX) or (
+        name.endswith(PACKED_WEIGHT_SUFFIX) and tensor.dtype == torch.uint8
+    )
+
+
+def ternary_weights_from_checkpoint(
+    model: nn.Module, tensors: Iterable[tuple[str, torch.Tensor]]
+) -> dict[str, TernaryWeight]:
+    """Packed ``BitLinear`` tensors (see :func:`is_packed_bitnet_tensor`) -> ternary weights by module."""
+    packed: dict[str, torch.Tensor] = {}
+    scales: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors:
+        if name.endswith(WEIGHT_SCALE_SUFFIX):
+            scales[name.removesuffix(WEIGHT_SCALE_SUFFIX)] = tensor
+        else:
+            packed[name.removesuffix(PACKED_WEIGHT_SUFFIX)] = tensor
+    if packed.keys() != scales.keys():
+        raise ValueError(
+            f"packed BitNet weights without a weight_scale: {sorted(packed.keys() ^ scales.keys())[:3]}"
+        )
+    return {
+        module: ternary_from_bitnet(weight, scales[module], model.get_submodule(module).out_features)
+        for module, weight in packed.items()
+    }
