@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "BitNetForCausalLM")
+# The MLP activation each architecture implements (BitNet b1.58: squared ReLU).
+_HIDDEN_ACTS = {"BitNetForCausalLM": "relu2"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # GGUF `general.architecture` -> Hugging Face architecture.
@@ -52,8 +54,11 @@ class ModelConfig:
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        if self.hidden_act != "silu":
-            raise ValueError(f"unsupported hidden_act {self.hidden_act!r}; only 'silu' is implemented")
+        expected_act = _HIDDEN_ACTS.get(self.architecture, "silu")
+        if self.hidden_act != expected_act:
+            raise ValueError(
+                f"unsupported hidden_act {self.hidden_act!r}; {self.architecture} implements {expected_act!r}"
+            )
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(

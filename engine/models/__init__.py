@@ -5,12 +5,14 @@ from __future__ import annotations
 from torch import nn
 
 from engine.model_config import ModelConfig
+from engine.models.bitnet import BitNetForCausalLM
 from engine.models.llama import LlamaForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "BitNetForCausalLM": BitNetForCausalLM,
 }
 
 
