@@ -1,0 +1,226 @@
+"""``tern bench gateway``: the gateway's throughput and added latency with auth, limits and metering on.
+
+Starts its own PostgreSQL and Redis (``gateway.local_services``), a stand-in engine that answers at
+once, and one gateway process; creates a key with rate limits and budgets (so every request runs the
+admission script, the settle script and the usage buffer), then measures at each concurrency:
+
+- requests per second through the gateway (non-streaming chat completions);
+- latency p50/p99 through the gateway and calling the stand-in directly; the difference is the
+  gateway's added latency.
+
+Prints one JSON object. ``python -m gateway.bench.gateway --requests 2000 --concurrency 1 64``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import httpx
+
+from engine.protocol import (
+    GENERATE_PATH,
+    DeltaFrame,
+    FinalFrame,
+    HealthResponse,
+    ModelInfo,
+    ModelList,
+    encode_frame,
+)
+from gateway.db import upgrade_database
+from gateway.local_services import PostgresServer, RedisServer, free_port
+
+MODEL = "standin"
+CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+GENERATE = {"request_id": "bench", "model": MODEL, "prompt": "hi", "sampling": {"max_tokens": 1}}
+
+
+# ---------------------------------------------------------------- the stand-in engine
+
+
+async def standin_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """A raw ASGI engine: one delta and the final frame, at once."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    path = scope["path"]
+    if path.endswith("/health"):
+        body, kind = HealthResponse(status="ok", model=MODEL).model_dump_json().encode(), b"application/json"
+    elif path.endswith("/models"):
+        body, kind = ModelList(data=[ModelInfo(id=MODEL)]).model_dump_json().encode(), b"application/json"
+    elif path == GENERATE_PATH:
+        body = encode_frame(DeltaFrame(text="ok", token_ids=[1])) + encode_frame(
+            FinalFrame(finish_reason="length", prompt_tokens=1, completion_tokens=1)
+        )
+        kind = b"application/x-ndjson"
+    else:
+        body, kind = b'{"aborted": false}', b"application/json"
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def serve_standin(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        standin_app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
+    )
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def drive(
+    url: str, body: dict[str, Any], headers: dict[str, str], *, requests: int, concurrency: int
+) -> dict:
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    payload = json.dumps(body).encode()
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+        remaining = requests
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                t0 = time.perf_counter()
+                async with session.post(url, data=payload, headers={"content-type": "application/json"}) as r:
+                    await r.read()
+                latencies.append(time.perf_counter() - t0)
+                statuses[r.status] = statuses.get(r.status, 0) + 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return {
+        "requests": len(latencies),
+        "statuses": statuses,
+        "rps": round(len(latencies) / elapsed, 1),
+        "p50_ms": round(percentile(latencies, 0.50) * 1000, 3),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 3),
+    }
+
+
+def wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not come up")
+        time.sleep(0.1)
+
+
+def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
+    admin_key = secrets.token_hex(24)
+    children: list[subprocess.Popen[bytes]] = []
+    with PostgresServer() as pg, RedisServer() as redis:
+        pg.create_database("tern")
+        upgrade_database(pg.url("tern"))
+        standin_port, gateway_port = free_port(), free_port()
+        try:
+            standin = subprocess.Popen(
+                [sys.executable, "-m", "gateway.bench.gateway", "--serve-standin", str(standin_port)]
+            )
+            children.append(standin)
+            wait_http(f"http://127.0.0.1:{standin_port}/rpc/v1/health", standin)
+            env = {
+                **os.environ,
+                "TERN_DATABASE_URL": pg.url("tern"),
+                "TERN_REDIS_URL": redis.url(),
+                "TERN_SECRET": secrets.token_hex(16),
+                "TERN_ADMIN_KEY": admin_key,
+                "TERN_ENGINE_URLS": f"http://127.0.0.1:{standin_port}",
+                "TERN_LOG_LEVEL": "WARNING",
+            }
+            command = [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(gateway_port)]
+            gateway = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+            children.append(gateway)
+            base = f"http://127.0.0.1:{gateway_port}"
+            wait_http(f"{base}/healthz", gateway)
+            admin = {"Authorization": f"Bearer {admin_key}"}
+            tenant = httpx.post(f"{base}/admin/tenants", json={"name": "bench"}, headers=admin).json()
+            key = httpx.post(
+                f"{base}/admin/keys",
+                headers=admin,
+                json={
+                    "tenant_id": tenant["id"],
+                    "name": "bench",
+                    "kind": "inference",
+                    "rpm_limit": 1_000_000_000,
+                    "tpm_limit": 2_000_000_000,
+                    "max_concurrency": 10_000,
+                    "monthly_token_budget": 10**12,
+                },
+            ).json()["key"]
+            auth = {"Authorization": f"Bearer {key}"}
+            results = []
+            for concurrency in concurrencies:
+                drive_args = {"requests": requests, "concurrency": concurrency}
+                asyncio.run(
+                    drive(f"{base}/v1/chat/completions", CHAT, auth, requests=200, concurrency=concurrency)
+                )
+                direct = asyncio.run(
+                    drive(f"http://127.0.0.1:{standin_port}{GENERATE_PATH}", GENERATE, {}, **drive_args)
+                )
+                through = asyncio.run(drive(f"{base}/v1/chat/completions", CHAT, auth, **drive_args))
+                results.append(
+                    {
+                        "concurrency": concurrency,
+                        "direct": direct,
+                        "gateway": through,
+                        "added_p50_ms": round(through["p50_ms"] - direct["p50_ms"], 3),
+                        "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 3),
+                    }
+                )
+        finally:
+            for child in reversed(children):
+                child.terminate()
+                child.wait(timeout=30)
+    return {
+        "benchmark": "gateway",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+        },
+        "features": ["auth", "limits (rpm, tpm, concurrency, token budget)", "usage metering"],
+        "requests_per_run": requests,
+        "results": results,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tern bench gateway", description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--serve-standin", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_standin:
+        serve_standin(args.serve_standin)
+        return 0
+    print(json.dumps(run(args.requests, args.concurrency), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
