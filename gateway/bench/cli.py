@@ -1,0 +1,20 @@
+"""``tern bench ...``: the gateway's benchmarks, each printing JSON."""
+
+from __future__ import annotations
+
+import sys
+
+BENCHMARKS = {
+    "gateway": "gateway.bench.gateway",
+    "upstream-client": "gateway.bench.upstream_client",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] not in BENCHMARKS:
+        print(f"usage: tern bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+        return 2
+    import importlib
+
+    return int(importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:]) or 0)
