@@ -155,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 DELEGATED = {
     "engine": ("engine.cli", "run an inference engine (arguments go to the engine)"),
     "up": ("gateway.stack", "start Postgres, Redis, an engine and the gateway locally"),
+    "bench": ("gateway.bench.cli", "gateway benchmarks, e.g. `tern bench gateway` (prints JSON)"),
 }
 """Subcommands whose arguments belong to another module's ``main(argv)``, imported only when used."""
 
