@@ -1,0 +1,145 @@
+"""ModelConfig from HF config.json (classic and transformers-5 rope keys) and from GGUF metadata."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engine.loader.gguf_file import open_gguf, read_metadata
+from engine.model_config import ModelConfig
+from tests.engine.conftest import TINY_VARIANTS
+
+# The shape of Llama-3.2-1B-Instruct's config.json (classic keys, rope_scaling dict, eos list).
+LLAMA_32_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "rope_scaling": {
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+        "rope_type": "llama3",
+    },
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+    "vocab_size": 128256,
+    "bos_token_id": 128000,
+    "eos_token_id": [128001, 128008, 128009],
+}
+
+
+def test_classic_hf_config() -> None:
+    config = ModelConfig.from_hf_dict(LLAMA_32_CONFIG)
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (32, 8, 64)
+    assert config.rope_theta == 500000.0
+    assert config.rope_scaling == {
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 8192,
+    }
+    assert config.tie_word_embeddings and not config.attention_bias
+    assert config.eos_token_ids == (128001, 128008, 128009)
+
+
+def test_generation_config_eos_wins_over_config() -> None:
+    config = ModelConfig.from_hf_dict(LLAMA_32_CONFIG, {"eos_token_id": 128009})
+    assert config.eos_token_ids == (128009,)
+
+
+def test_legacy_rope_scaling_type_key() -> None:
+    raw = {**LLAMA_32_CONFIG, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    assert ModelConfig.from_hf_dict(raw).rope_scaling == {"rope_type": "linear", "factor": 2.0}
+
+
+def test_head_dim_defaults_to_hidden_over_heads() -> None:
+    raw = {k: v for k, v in LLAMA_32_CONFIG.items() if k != "head_dim"}
+    assert ModelConfig.from_hf_dict(raw).head_dim == 2048 // 32
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"architectures": ["GPT2LMHeadModel"]}, "unsupported architecture"),
+        ({"architectures": []}, "names no architecture"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope scaling 'yarn'"),
+        ({"hidden_act": "gelu"}, "hidden_act"),
+        ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
+    ],
+)
+def test_unsupported_configs_are_refused(change: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_hf_dict({**LLAMA_32_CONFIG, **change})
+
+
+@pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
+def test_saved_transformers_configs(variant: str, tiny_model_dir: Callable[[str], Path]) -> None:
+    """Configs as transformers 5 writes them (rope_parameters, generation_config.json)."""
+    from transformers import AutoConfig
+
+    path = tiny_model_dir(variant)
+    hf = AutoConfig.from_pretrained(path)
+    config = ModelConfig.from_hf_dir(path)
+    assert config.architecture == hf.architectures[0]
+    assert config.vocab_size == hf.vocab_size
+    assert config.num_hidden_layers == hf.num_hidden_layers
+    assert config.num_key_value_heads == hf.num_key_value_heads
+    expected_head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    assert config.head_dim == expected_head_dim
+    assert config.rope_theta == hf.rope_parameters["rope_theta"]
+    assert (config.rope_scaling or {}).get("rope_type", "default") == hf.rope_parameters["rope_type"]
+    assert config.tie_word_embeddings == hf.tie_word_embeddings
+    assert config.attention_bias == (variant in ("qwen2", "llama_tied_gqa"))
+    assert config.attention_out_bias == config.mlp_bias == (variant == "llama_tied_gqa")
+    generation = json.loads((path / "generation_config.json").read_text())
+    assert config.eos_token_ids == (generation["eos_token_id"],)
+
+
+def test_default_gguf_config_matches_transformers(default_gguf_path: Path) -> None:
+    from transformers import AutoConfig
+
+    reader = open_gguf(default_gguf_path)
+    config = ModelConfig.from_gguf_metadata(read_metadata(reader), {t.name for t in reader.tensors})
+    hf = AutoConfig.from_pretrained(default_gguf_path.parent, gguf_file=default_gguf_path.name)
+    assert (config.architecture, hf.model_type) == ("LlamaForCausalLM", "llama")
+    for field in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "max_position_embeddings",
+        "tie_word_embeddings",
+    ):
+        assert getattr(config, field) == getattr(hf, field), field
+    assert config.head_dim == hf.hidden_size // hf.num_attention_heads
+    assert config.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
+    assert config.rope_theta == hf.rope_parameters["rope_theta"]
+    assert config.rope_scaling is None
+    assert (config.bos_token_id, config.eos_token_ids) == (hf.bos_token_id, (hf.eos_token_id,))
+
+
+def test_gguf_metadata_errors() -> None:
+    metadata = {
+        "general.architecture": "llama",
+        "llama.embedding_length": 64,
+        "llama.attention.head_count": 4,
+    }
+    with pytest.raises(ValueError, match="rope_freqs"):
+        ModelConfig.from_gguf_metadata(metadata, {"rope_freqs.weight"})
+    with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma'"):
+        ModelConfig.from_gguf_metadata({"general.architecture": "gemma"}, set())
+    with pytest.raises(ValueError, match="unsupported GGUF rope scaling 'yarn'"):
+        ModelConfig.from_gguf_metadata({**metadata, "llama.rope.scaling.type": "yarn"}, set())
