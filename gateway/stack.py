@@ -323,13 +323,17 @@ curl:
   curl {url}/v1/chat/completions \\
     -H "Authorization: Bearer {demo_key}" \\
     -H "Content-Type: application/json" \\
-    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
+    -d '{{"model": "{model}", "max_tokens": 64, "temperature": 0,
+         "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'
 
 Python (pip install openai):
   from openai import OpenAI
   client = OpenAI(base_url="{url}/v1", api_key="{demo_key}")
   reply = client.chat.completions.create(
-      model="{model}", messages=[{{"role": "user", "content": "What is the capital of France?"}}]
+      model="{model}",
+      messages=[{{"role": "user", "content": "What is the capital of France?"}}],
+      max_tokens=64,
+      temperature=0,
   )
   print(reply.choices[0].message.content)
 """
