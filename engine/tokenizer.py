@@ -87,7 +87,7 @@ class Tokenizer:
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
         token_types: list[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
         backend = _byte_level_bpe(
-            tokens, metadata["tokenizer.ggml.merges"], metadata.get("tokenizer.ggml.pre")
+            tokens, metadata.get("tokenizer.ggml.merges", []), metadata.get("tokenizer.ggml.pre")
         )
         backend.add_special_tokens(
             [

@@ -1,13 +1,12 @@
 """GGUF loading: every supported tensor type, llama.cpp's q/k permutation, names and metadata.
 
-A tiny random Llama is converted to GGUF here the way llama.cpp's converter does it (q/k rows
+Tiny random Llama and Qwen2 models are converted to GGUF here the way llama.cpp's converter does it (q/k rows
 permuted, tensors quantized with gguf.quants); what we load is compared with transformers'
 own GGUF conversion of the same file and with the original weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,11 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from tokenizers import pre_tokenizers
 
 from engine.loader import LoadedModel, load_model
 from engine.loader.gguf_file import hf_tensor_name, open_gguf, read_metadata, unpermute_rope_rows
+from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS
 
 Q = gguf.GGMLQuantizationType
 # One type per tensor role, so every supported type is exercised in one file.
@@ -67,18 +68,23 @@ def gguf_name(hf_name: str) -> str:
     return f"blk.{layer}.{HF_TO_GGUF[module]}.{kind}"
 
 
-def write_gguf(hf_dir: Path, source_gguf: Path, path: Path) -> dict[str, np.ndarray]:
-    """Convert a tiny HF Llama to GGUF (tokenizer copied from `source_gguf`); returns its HF weights."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+# A byte-level vocabulary: the 256 byte symbols plus three control tokens.
+BYTE_TOKENS = [*sorted(pre_tokenizers.ByteLevel.alphabet()), "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
-    config = AutoConfig.from_pretrained(hf_dir)
-    state = {
-        k: v.numpy()
-        for k, v in AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).state_dict().items()
-    }
-    source = read_metadata(open_gguf(source_gguf))
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_name("tiny llama")
+
+def write_gguf(model: Any, architecture: str, path: Path) -> dict[str, np.ndarray]:
+    """Convert an HF model to GGUF like llama.cpp's converter; returns the original weights.
+
+    Like llama.cpp, only the "llama" architecture gets its q/k rows permuted.
+    """
+    config = model.config
+    state = {k: v.numpy() for k, v in model.state_dict().items()}
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_name(f"tiny {architecture}")
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -90,18 +96,18 @@ def write_gguf(hf_dir: Path, source_gguf: Path, path: Path) -> dict[str, np.ndar
     writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
     writer.add_vocab_size(config.vocab_size)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(source["tokenizer.ggml.pre"])
-    writer.add_token_list(source["tokenizer.ggml.tokens"])
-    writer.add_token_types(source["tokenizer.ggml.token_type"])
-    writer.add_token_merges(source["tokenizer.ggml.merges"])
-    writer.add_bos_token_id(source["tokenizer.ggml.bos_token_id"])
-    writer.add_eos_token_id(source["tokenizer.ggml.eos_token_id"])
-    writer.add_chat_template(source["tokenizer.chat_template"])
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(BYTE_TOKENS)
+    writer.add_token_types([1] * 256 + [3] * 3)
+    writer.add_token_merges([])
+    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
+    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
+    writer.add_chat_template(CHATML)
     for name, weights in state.items():
         role = gguf_name(name).split(".")[-2]
-        if role == "attn_q":
+        if architecture == "llama" and role == "attn_q":
             weights = llama_cpp_permute(weights, config.num_attention_heads)
-        elif role == "attn_k":
+        elif architecture == "llama" and role == "attn_k":
             weights = llama_cpp_permute(weights, config.num_key_value_heads)
         qtype = TENSOR_TYPES.get(role, Q.F32) if weights.ndim == 2 else Q.F32
         data = gguf.quants.quantize(np.ascontiguousarray(weights), qtype)
@@ -115,12 +121,26 @@ def write_gguf(hf_dir: Path, source_gguf: Path, path: Path) -> dict[str, np.ndar
     return state
 
 
-@pytest.fixture(scope="module")
+# GGUF architecture -> the tiny HF variant converted to it (Qwen2 adds q/k/v biases, no permutation).
+GGUF_VARIANTS = {"llama": "mistral", "qwen2": "qwen2"}
+
+
+def tiny_hf_model(variant: str) -> Any:
+    import transformers
+
+    config_class, overrides = TINY_VARIANTS[variant]
+    fields = {**TINY_COMMON, **overrides, "vocab_size": len(BYTE_TOKENS)}
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**fields))
+
+
+@pytest.fixture(scope="module", params=sorted(GGUF_VARIANTS))
 def tiny_gguf(
-    tiny_model_dir: Callable[[str], Path], default_gguf_path: Path, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, dict[str, np.ndarray]]:
-    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.Q4_1.gguf"
-    return path, write_gguf(tiny_model_dir("mistral"), default_gguf_path, path)
+    architecture = request.param
+    path = tmp_path_factory.mktemp("gguf") / f"tiny-{architecture}.Q4_1.gguf"
+    return path, write_gguf(tiny_hf_model(GGUF_VARIANTS[architecture]), architecture, path)
 
 
 @pytest.fixture(scope="module")
@@ -163,18 +183,27 @@ def test_weights_are_close_to_the_originals(
         assert error <= bound * scale, (name, qtype.name, error)
 
 
-def test_loaded_gguf_config_and_name(loaded: LoadedModel, tiny_model_dir: Callable[[str], Path]) -> None:
-    from transformers import AutoConfig
-
-    hf = AutoConfig.from_pretrained(tiny_model_dir("mistral"))
-    assert loaded.name == "tiny-llama"
-    assert loaded.config.architecture == "LlamaForCausalLM"
+def test_loaded_gguf_config_and_name(
+    tiny_gguf: tuple[Path, dict[str, np.ndarray]], loaded: LoadedModel
+) -> None:
+    architecture = tiny_gguf[0].name.split(".")[0].removeprefix("tiny-")
+    hf = tiny_hf_model(GGUF_VARIANTS[architecture]).config
+    assert loaded.name == f"tiny-{architecture}"
+    expected_class = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[architecture]
+    assert loaded.config.architecture == expected_class
+    assert loaded.config.attention_bias == (architecture == "qwen2")
+    assert loaded.config.rope_theta == hf.rope_parameters["rope_theta"]
     assert not loaded.config.tie_word_embeddings
     assert (loaded.config.num_attention_heads, loaded.config.num_key_value_heads) == (
         hf.num_attention_heads,
         hf.num_key_value_heads,
     )
-    assert loaded.tokenizer.encode_chat([{"role": "user", "content": "hi"}])
+    assert loaded.tokenizer.eos_token_ids == (BYTE_TOKENS.index("<|im_end|>"),)
+    ids = loaded.tokenizer.encode_chat([{"role": "user", "content": "hi é"}])
+    assert (
+        loaded.tokenizer.decode(ids, skip_special_tokens=False)
+        == "<|im_start|>user\nhi é<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_unpermute_inverts_llama_cpp_permute() -> None:
@@ -203,10 +232,10 @@ def test_unknown_tensor_name_is_refused() -> None:
         hf_tensor_name("blk.0.attn_qkv.weight")
 
 
-def test_unsupported_tokenizer_is_refused(default_gguf_path: Path) -> None:
+def test_unsupported_tokenizer_is_refused(tiny_gguf: tuple[Path, dict[str, np.ndarray]]) -> None:
     from engine.tokenizer import Tokenizer
 
-    metadata: dict[str, Any] = dict(read_metadata(open_gguf(default_gguf_path)))
+    metadata: dict[str, Any] = dict(read_metadata(open_gguf(tiny_gguf[0])))
     metadata["tokenizer.ggml.model"] = "llama"
     with pytest.raises(ValueError, match="only byte-level BPE"):
         Tokenizer.from_gguf_metadata(metadata)
