@@ -11,6 +11,7 @@ that no process outlives it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -26,9 +27,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import openai
 import pytest
+import redis
 
 from gateway.local_services import free_port
 
@@ -283,6 +286,42 @@ def test_restart_reuses_data_and_keys(stack: RunningStack, workdir: Path) -> Non
     finally:
         assert second.stop() == 0, second.log()
     assert not _sessions_alive(set(second.info["pids"].values()))
+
+
+def test_external_database_and_redis_are_used_not_started(
+    stack: RunningStack, workdir: Path, database_url: str, redis_url: str
+) -> None:
+    """DATABASE_URL and REDIS_URL (here: the test session's servers) replace the embedded ones."""
+    data_dir = workdir / "external" / ".tern"
+    data_dir.parent.mkdir(mode=0o711)
+    external = {
+        "DATABASE_URL": database_url,
+        "REDIS_URL": redis_url,
+        "TERN_ENGINE_URLS": ",".join(stack.info["engine_urls"]),
+    }
+    running = start_stack(data_dir, extra_env=external)
+    try:
+        assert set(running.info["pids"]) == {"watchdog", "gateway"}
+        assert not (data_dir / "postgres").exists() and not (data_dir / "redis").exists()
+        admin_auth = {"Authorization": f"Bearer {running.admin_key}"}
+        with httpx.Client(base_url=running.url, headers=admin_auth) as admin:
+            assert admin.post("/admin/tenants", json={"name": "in-the-external-db"}).status_code == 201
+        ours = redis.Redis.from_url(redis_url)
+        try:
+            assert len(ours.client_list()) >= 2, "the gateway is connected to the given Redis"
+        finally:
+            ours.close()
+    finally:
+        assert running.stop() == 0, running.log()
+
+    async def tenant_names() -> list[str]:
+        conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            return [row["name"] for row in await conn.fetch("SELECT name FROM tenants")]
+        finally:
+            await conn.close()
+
+    assert "in-the-external-db" in asyncio.run(tenant_names())
 
 
 def test_sigterm_stops_everything_with_no_orphans(stack: RunningStack) -> None:
