@@ -4,7 +4,8 @@ AWQ (Lin et al., 2023) protects the input channels that see large activations: i
 column ``j`` by ``s_j = mean|x_j| ** alpha`` before round-to-nearest and divides the activation by
 ``s_j`` (folded into the preceding norm or linear, so inference costs nothing extra). ``alpha`` is
 searched per group of linears that share an input, minimising the group's output error on
-calibration activations. Weight clipping (AutoAWQ's ``auto_clip``) is not implemented.
+calibration activations. Then, as AutoAWQ's ``auto_clip``, each group of weights is clipped to
+the fraction of its range that minimises the output error (outliers otherwise stretch the grid).
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ from engine.layers.quant.weights import Int4Weight, TernaryWeight
 
 INT4_MAX_CODE = 15
 AWQ_GRID = 20
+CLIP_GRID = 20
+CLIP_MIN_RATIO = 0.5
+CLIP_TOKENS = 256
+NO_CLIP_SUFFIXES = ("q_proj", "k_proj")  # their error shows only through softmax (AutoAWQ skips them)
 
 
 def rtn_quantize(weight: torch.Tensor, group_size: int) -> Int4Weight:
@@ -139,6 +144,7 @@ def awq_scale_model(
 
         return hook
 
+    names = {id(module): name for layer in decoder_layers for name, module in layer.named_modules()}
     handles = [g.linears[0].register_forward_pre_hook(capture(i)) for i, g in enumerate(groups)]
     try:
         run_calibration()
@@ -148,5 +154,36 @@ def awq_scale_model(
     for i, group in enumerate(groups):
         if not captured[i]:
             raise RuntimeError("calibration did not reach every decoder layer")
-        scales = search_awq_scales(torch.cat(captured[i]), group.linears, group_size)
+        x = torch.cat(captured[i])
+        scales = search_awq_scales(x, group.linears, group_size)
         apply_awq_scales(group, scales)
+        for linear in group.linears:
+            if not names[id(linear)].endswith(NO_CLIP_SUFFIXES):
+                clip_weight(linear, x / scales.to(x.dtype), group_size)
+
+
+@torch.no_grad()
+def clip_weight(linear: nn.Linear, x: torch.Tensor, group_size: int) -> None:
+    """Clip each weight group to ``+-ratio * max|w|`` with the ratio that minimises that group's
+    contribution to the output error on ``x [T, K]`` (AutoAWQ's ``auto_clip``), in place."""
+    w = linear.weight.float()
+    n, k = w.shape
+    if k % group_size:
+        return  # ragged last group: leave unclipped
+    step = max(1, x.shape[0] // CLIP_TOKENS)
+    xg = x[::step].float().reshape(-1, k // group_size, group_size)  # [T, G, g]
+    wg = w.reshape(n, k // group_size, group_size)  # [N, G, g]
+    reference = torch.einsum("tgk,ngk->tng", xg, wg)
+    max_abs = wg.abs().amax(dim=-1, keepdim=True)
+    best_error = torch.full((n, k // group_size), float("inf"))
+    best_max = max_abs.clone()
+    for i in range(int(CLIP_GRID * (1 - CLIP_MIN_RATIO))):
+        limit = max_abs * (1 - i / CLIP_GRID)
+        clipped = torch.maximum(torch.minimum(wg, limit), -limit)
+        quantized = _fake_quantize(clipped.reshape(n, k), group_size).reshape(wg.shape)
+        error = (torch.einsum("tgk,ngk->tng", xg, quantized) - reference).pow(2).mean(dim=0)
+        better = error < best_error
+        best_error = torch.where(better, error, best_error)
+        best_max = torch.where(better[..., None], limit, best_max)
+    clipped = torch.maximum(torch.minimum(wg, best_max), -best_max).reshape(n, k)
+    linear.weight.copy_(clipped.to(linear.weight.dtype))
