@@ -107,14 +107,15 @@ def bench_shape(n: int, k: int, device: torch.device, reps: int) -> list[Result]
     results = []
     for batch in BATCHES:
         x = torch.randn(batch, k, device=device, dtype=act_dtype)
+        inputs = {name: x.to(w.dtype) for name, w in dense.items()}
         baseline_times = {
-            name: time_call(lambda w=w: torch.nn.functional.linear(x.to(w.dtype), w), device, reps)
+            name: time_call(lambda w=w, xw=inputs[name]: torch.nn.functional.linear(xw, w), device, reps)
             for name, w in dense.items()
         }
         fastest = min(baseline_times, key=baseline_times.__getitem__)
         with torch.no_grad():
             for kernel, (layer, weight_bytes) in layers.items():
-                seconds = time_call(lambda layer=layer: layer(x), device, reps)
+                seconds = time_call(lambda layer=layer, x=x: layer(x), device, reps)
                 moved = weight_bytes + batch * (k + n) * x.element_size()
                 gbps = moved / seconds / 1e9
                 results.append(
