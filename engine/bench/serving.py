@@ -29,10 +29,12 @@ class RequestResult:
     ttft: float
     token_times: list[float] = field(default_factory=list)
     completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
 
 async def one_request(
-    client: httpx.AsyncClient, url: str, rid: str, prompt: str, max_tokens: int
+    client: httpx.AsyncClient, url: str, rid: str, prompt: str | list[int], max_tokens: int
 ) -> RequestResult:
     body = {
         "request_id": rid,
@@ -41,7 +43,7 @@ async def one_request(
     }
     start = time.perf_counter()
     token_times: list[float] = []
-    completion_tokens = 0
+    final: FinalFrame | None = None
     async with client.stream("POST", url + GENERATE_PATH, json=body) as response:
         response.raise_for_status()
         async for line in response.aiter_lines():
@@ -51,10 +53,14 @@ async def one_request(
             if isinstance(frame, DeltaFrame):
                 token_times.extend([time.perf_counter()] * len(frame.token_ids))
             elif isinstance(frame, FinalFrame):
-                completion_tokens = frame.completion_tokens
+                final = frame
             else:
                 raise RuntimeError(f"request {rid} failed: {frame.message}")
-    return RequestResult(token_times[0] - start, token_times, completion_tokens)
+    if final is None:
+        raise RuntimeError(f"request {rid} ended without a final frame")
+    return RequestResult(
+        token_times[0] - start, token_times, final.completion_tokens, final.prompt_tokens, final.cached_tokens
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
