@@ -32,6 +32,15 @@ PROMPTS = [
 ]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine, two threads spin-wait each other ~15x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 # -- our side ------------------------------------------------------------------------------------
 
 
@@ -75,7 +84,7 @@ def paged_logits(
 def engine_greedy(loaded: LoadedModel, prompts: list[list[int]], num_tokens: int) -> list[list[int]]:
     """Greedy tokens from `LLMEngine`, all prompts in one batch."""
     engine = LLMEngine(
-        EngineConfig(device="cpu", block_size=16, num_kv_blocks=64, max_num_batched_tokens=64),
+        EngineConfig(device="cpu", block_size=16, num_kv_blocks=64, max_num_batched_tokens=64, num_threads=1),
         model=loaded.model,
         tokenizer=loaded.tokenizer,
         model_config=loaded.config,
@@ -193,7 +202,7 @@ def test_default_model_knows_the_capital_of_france(default_model: LoadedModel) -
         sampling=SamplingParams(temperature=0.0, max_tokens=24),
     )
     engine = LLMEngine(
-        EngineConfig(device="cpu", num_kv_blocks=32),
+        EngineConfig(device="cpu", num_kv_blocks=32, num_threads=1),
         model=default_model.model,
         tokenizer=default_model.tokenizer,
         model_config=default_model.config,
