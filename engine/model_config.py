@@ -102,7 +102,7 @@ class ModelConfig:
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            max_position_embeddings=config.get("max_position_embeddings", 2048),
+            max_position_embeddings=_context_length(config),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             attention_bias=True if is_qwen2 else llama_bias,
             attention_out_bias=False if is_qwen2 else llama_bias,
@@ -159,6 +159,17 @@ class ModelConfig:
             bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=_as_ids(eos),
         )
+
+
+def _context_length(config: Mapping[str, Any]) -> int:
+    """max_position_embeddings, capped at a sliding attention window when the model uses one.
+
+    Full attention equals sliding-window attention while a sequence fits in the window, so
+    capping the context keeps outputs exact without implementing the window.
+    """
+    length = config.get("max_position_embeddings", 2048)
+    window = config.get("sliding_window") if config.get("use_sliding_window", True) else None
+    return min(length, window) if window else length
 
 
 def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None]:

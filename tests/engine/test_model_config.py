@@ -68,6 +68,14 @@ def test_head_dim_defaults_to_hidden_over_heads() -> None:
     assert ModelConfig.from_hf_dict(raw).head_dim == 2048 // 32
 
 
+def test_sliding_window_caps_the_context() -> None:
+    mistral = {**LLAMA_32_CONFIG, "architectures": ["MistralForCausalLM"], "sliding_window": 4096}
+    assert ModelConfig.from_hf_dict(mistral).max_position_embeddings == 4096
+    assert ModelConfig.from_hf_dict({**mistral, "sliding_window": None}).max_position_embeddings == 131072
+    qwen2 = {**mistral, "architectures": ["Qwen2ForCausalLM"], "use_sliding_window": False}
+    assert ModelConfig.from_hf_dict(qwen2).max_position_embeddings == 131072
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
