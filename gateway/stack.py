@@ -19,10 +19,11 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -30,7 +31,7 @@ from typing import IO, Any
 import httpx
 
 from gateway.keys.format import generate_key
-from gateway.local_services import PostgresServer, RedisServer, free_port
+from gateway.local_services import PostgresServer, RedisServer, ServiceError, free_port
 
 DEFAULT_GATEWAY_PORT = 8000
 DEFAULT_ENGINE_PORT = 8100
@@ -73,7 +74,7 @@ class StateDir:
         """Where the running stack's URLs and process ids are written (read by tests and tools)."""
         return self.root / "run.json"
 
-    def secret(self, name: str, generate: Any) -> str:
+    def secret(self, name: str, generate: Callable[[], str]) -> str:
         """The value stored in ``name`` (mode 0600), generated and stored on first use."""
         path = self.root / name
         if path.exists():
@@ -203,8 +204,6 @@ def run_watchdog() -> None:
 
 
 def _port_is_free(port: int, host: str = "127.0.0.1") -> bool:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -300,9 +299,7 @@ def _ensure_demo_key(url: str, admin_key: str, state: StateDir) -> str:
 def _find_tenant(client: httpx.Client, admin: dict[str, str], name: str) -> dict[str, Any] | None:
     response = client.get("/admin/tenants", params={"limit": 1000}, headers=admin)
     response.raise_for_status()
-    body = response.json()
-    tenants = body["data"] if isinstance(body, dict) else body
-    return next((tenant for tenant in tenants if tenant["name"] == name), None)
+    return next((tenant for tenant in response.json()["data"] if tenant["name"] == name), None)
 
 
 def _model_id(url: str, key: str) -> str:
@@ -342,18 +339,46 @@ Python (pip install openai):
 # ---------------------------------------------------------------- orchestration
 
 
-def _raise_stop(signum: int, frame: object) -> None:
-    raise StopRequested(signal.Signals(signum).name)
+class StopSignals:
+    """SIGINT and SIGTERM raise :class:`StopRequested`, except inside :meth:`deferred` sections.
 
+    A process started inside a deferred section is always registered for cleanup before the stop
+    request is raised, so an early Ctrl-C cannot leave a server running. Once the ``with`` block
+    ends (cleanup time), both signals are ignored.
+    """
 
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise :class:`StopRequested`; during cleanup they are ignored."""
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig in previous:
+    def __init__(self) -> None:
+        self._depth = 0
+        self._pending: str | None = None
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self._depth:
+            self._pending = name
+            return
+        raise StopRequested(name)
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._depth += 1
+        try:
+            yield
+        except Exception:
+            if self._pending:  # a terminal's Ctrl-C also reaches the tools we ran (initdb, pg_ctl)
+                raise StopRequested(self._pending) from None
+            raise
+        finally:
+            self._depth -= 1
+        if not self._depth and self._pending:
+            raise StopRequested(self._pending)
+
+    def __enter__(self) -> StopSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
 
 
@@ -370,16 +395,20 @@ class UpOptions:
 class Stack:
     """The running pieces; each ``start_*`` registers its own stop on the exit stack (reverse order)."""
 
-    def __init__(self, options: UpOptions, state: StateDir, cleanup: contextlib.ExitStack) -> None:
+    def __init__(
+        self, options: UpOptions, state: StateDir, cleanup: contextlib.ExitStack, signals: StopSignals
+    ) -> None:
         self.options = options
         self.state = state
         self.cleanup = cleanup
+        self.signals = signals
         self.env = dict(os.environ)
         self.env.setdefault("TERN_USAGE_SPOOL_DIR", str(state.root / "spool" / "usage"))
         self.children: list[Child] = []
         self.pids: dict[str, int] = {}
-        self.watchdog = Watchdog()
-        cleanup.callback(self.watchdog.close)
+        with signals.deferred():
+            self.watchdog = Watchdog()
+            cleanup.callback(self.watchdog.close)
         self.pids["watchdog"] = self.watchdog.pid
 
     def load_secrets(self) -> str:
@@ -399,10 +428,11 @@ class Stack:
             print(f"PostgreSQL: using {database_url.split('@')[-1]} (DATABASE_URL)", flush=True)
         else:
             postgres = PostgresServer(data_dir=self.state.root / "postgres", fast=False)
-            self.cleanup.callback(_announce_and_call, "stopping PostgreSQL", postgres.stop)
-            postgres.start()
-            self.pids["postgres"] = _postmaster_pid(postgres)
-            self.watchdog.watch(signal.SIGINT, self.pids["postgres"])  # SIGINT: fast shutdown
+            with self.signals.deferred():
+                postgres.start()
+                self.cleanup.callback(_announce_and_call, "stopping PostgreSQL", postgres.stop)
+                self.pids["postgres"] = _postmaster_pid(postgres)
+                self.watchdog.watch(signal.SIGINT, self.pids["postgres"])  # SIGINT: fast shutdown
             _create_database(postgres, DATABASE_NAME)
             database_url = postgres.url(DATABASE_NAME)
             print(f"PostgreSQL: started on port {postgres.port}, data in {postgres.data_dir}", flush=True)
@@ -414,11 +444,12 @@ class Stack:
             print(f"Redis: using {redis_url.split('@')[-1]} (REDIS_URL)", flush=True)
         else:
             server = RedisServer(data_dir=self.state.root / "redis")
-            self.cleanup.callback(_announce_and_call, "stopping Redis", server.stop)
-            server.start()
-            redis_url = server.url()
-            self.pids["redis"] = _redis_pid(redis_url)
-            self.watchdog.watch(signal.SIGTERM, -self.pids["redis"])  # it runs in its own session
+            with self.signals.deferred():
+                server.start()
+                self.cleanup.callback(_announce_and_call, "stopping Redis", server.stop)
+                redis_url = server.url()
+                self.pids["redis"] = _redis_pid(redis_url)
+                self.watchdog.watch(signal.SIGTERM, -self.pids["redis"])  # its own session
             print(f"Redis: started on port {server.port}, data in {server.data_dir}", flush=True)
         self.env["TERN_REDIS_URL"] = redis_url
 
@@ -449,9 +480,10 @@ class Stack:
 
     def _start_child(self, name: str, argv: list[str]) -> Child:
         child = Child(name, argv, dict(self.env), self.state.logs / f"{name}.log")
-        self.cleanup.callback(_announce_and_call, f"stopping the {name}", child.stop)
-        child.start()
-        self.watchdog.watch(signal.SIGTERM, -child.pid)
+        with self.signals.deferred():
+            child.start()
+            self.cleanup.callback(_announce_and_call, f"stopping the {name}", child.stop)
+            self.watchdog.watch(signal.SIGTERM, -child.pid)
         self.children.append(child)
         self.pids[name] = child.pid
         return child
@@ -476,8 +508,8 @@ def up(options: UpOptions) -> int:
     url = f"http://{connect_host}:{options.port}"
     started = time.monotonic()
 
-    with contextlib.ExitStack() as cleanup, _stop_signals():
-        stack = Stack(options, state, cleanup)
+    with contextlib.ExitStack() as cleanup, StopSignals() as signals:
+        stack = Stack(options, state, cleanup, signals)
         admin_key = stack.load_secrets()
         stack.start_postgres()
         stack.start_redis()
@@ -511,7 +543,7 @@ def up(options: UpOptions) -> int:
             return 0
 
 
-def _announce_and_call(message: str, stop: Any) -> None:
+def _announce_and_call(message: str, stop: Callable[[], None]) -> None:
     print(f"  {message}", flush=True)
     stop()
 
@@ -544,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     except StopRequested as stop:
         print(f"\n{stop}: stopped while starting", flush=True)
         return 130
-    except StackError as error:
+    except (StackError, ServiceError, httpx.HTTPError) as error:
         print(f"\ntern up: {error}", file=sys.stderr, flush=True)
         return 1
 

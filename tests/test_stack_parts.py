@@ -11,6 +11,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from gateway.keys.format import has_valid_checksum
 from gateway.stack import StateDir, build_parser
 
@@ -105,3 +107,21 @@ def test_watchdog_leaves_children_alone_after_a_clean_shutdown(tmp_path: Path) -
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_stop_signal_inside_a_deferred_section_is_raised_when_it_ends() -> None:
+    """Ctrl-C while a server starts must not skip registering that server for cleanup."""
+    from gateway.stack import StopRequested, StopSignals
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    steps = []
+    try:
+        with StopSignals() as signals, pytest.raises(StopRequested, match="SIGTERM"):
+            with signals.deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                steps.append("registered for cleanup")
+            steps.append("went on after the signal")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    assert steps == ["registered for cleanup"]
