@@ -32,12 +32,12 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
-def _request_id(scope: Scope) -> str:
-    """Honour a caller's id when it is short and harmless; otherwise make one."""
+def _client_request_id(scope: Scope) -> str | None:
+    """The caller's own ``x-request-id`` when it is short and harmless: logged, never used as a key."""
     incoming = _header(scope, REQUEST_ID_HEADER)
     if incoming is not None and _SANE_REQUEST_ID.fullmatch(incoming):
         return incoming.decode()
-    return uuid.uuid4().hex
+    return None
 
 
 def _route_template(scope: Scope) -> str:
@@ -58,7 +58,9 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        request_id = _request_id(scope)
+        # Always the gateway's own id: it keys the engine RPC, the limits and the usage row, so a
+        # caller must not be able to choose it (two requests sharing one would collide).
+        request_id = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)
         started = time.perf_counter()
@@ -108,6 +110,7 @@ class RequestContextMiddleware:
                 "request",
                 extra={
                     "request_id": request_id,
+                    "client_request_id": _client_request_id(scope),
                     "method": method,
                     "path": scope["path"],
                     "route": route,

@@ -29,10 +29,10 @@ async def test_every_response_carries_a_request_id(
         ids.add(response.headers["x-request-id"])
     assert len(ids) == 4
 
-    echoed = await client.get("/healthz", headers={"x-request-id": "trace-abc.123"})
-    assert echoed.headers["x-request-id"] == "trace-abc.123"
-    replaced = await client.get("/healthz", headers={"x-request-id": "bad id\twith spaces"})
-    assert replaced.headers["x-request-id"] != "bad id\twith spaces"
+    # A caller's id is never adopted (it would key the engine RPC and the usage row): the gateway's own is sent.
+    same = [await client.get("/healthz", headers={"x-request-id": "trace-abc.123"}) for _ in range(2)]
+    assert "trace-abc.123" not in {r.headers["x-request-id"] for r in same}
+    assert same[0].headers["x-request-id"] != same[1].headers["x-request-id"]
 
 
 async def test_unknown_route_is_openai_shaped_404(client: httpx.AsyncClient) -> None:
@@ -103,5 +103,6 @@ async def test_access_log_is_one_json_line_with_the_request_id(
     records = [r for r in caplog.records if r.name == "tern.access"]
     assert len(records) == 1
     line = json.loads(JsonFormatter().format(records[0]))
-    assert line["request_id"] == response.headers["x-request-id"] == "log-me-123"
+    assert line["request_id"] == response.headers["x-request-id"] != "log-me-123"
+    assert line["client_request_id"] == "log-me-123"  # the caller's id, logged for correlation only
     assert line["route"] == "/healthz" and line["status"] == 200 and line["duration_ms"] >= 0

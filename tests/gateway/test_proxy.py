@@ -5,6 +5,7 @@ Streaming and disconnects need a real socket on the client side too: see test_pr
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -75,14 +76,12 @@ async def set_healthy(app: FastAPI, engine: FakeEngine, healthy: bool) -> None:
 async def test_chat_completion_non_streaming(
     client: httpx.AsyncClient, key: dict[str, str], outcomes: list[RelayOutcome]
 ) -> None:
-    response = await client.post(
-        "/v1/chat/completions", json=CHAT | {"max_tokens": 2}, headers=key | {"x-request-id": "req-123"}
-    )
+    response = await client.post("/v1/chat/completions", json=CHAT | {"max_tokens": 2}, headers=key)
     assert response.status_code == 200, response.text
-    assert response.headers["x-request-id"] == "req-123"
+    request_id = response.headers["x-request-id"]
     assert response.headers["content-type"].startswith("application/json")
     body = response.json()
-    assert body["id"] == "chatcmpl-req-123" and body["object"] == "chat.completion"
+    assert body["id"] == f"chatcmpl-{request_id}" and body["object"] == "chat.completion"
     assert body["model"] == "fake-model"
     assert body["choices"] == [
         {
@@ -99,7 +98,7 @@ async def test_chat_completion_non_streaming(
         "prompt_tokens_details": {"cached_tokens": 0},
     }
     [outcome] = outcomes
-    assert (outcome.request_id, outcome.status, outcome.finish_reason) == ("req-123", 200, "length")
+    assert (outcome.request_id, outcome.status, outcome.finish_reason) == (request_id, 200, "length")
     assert (outcome.prompt_tokens, outcome.completion_tokens, outcome.usage_exact) == (2, 2, True)
     assert outcome.endpoint == "chat.completions" and not outcome.stream and outcome.ttft_s is not None
 
@@ -119,6 +118,21 @@ async def test_request_reaches_engine_as_rpc(
         5,
     )
     assert sent.cache_namespace  # the tenant: tenants never share prefix-cache blocks
+
+
+async def test_caller_request_ids_never_key_the_engine_or_usage(
+    client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine], outcomes: list[RelayOutcome]
+) -> None:
+    """Two concurrent requests sending the same x-request-id stay two requests with their own ids."""
+    same = key | {"x-request-id": "client-chosen"}
+    responses = await asyncio.gather(
+        *(client.post("/v1/chat/completions", json=CHAT, headers=same) for _ in range(2))
+    )
+    assert [r.status_code for r in responses] == [200, 200]
+    ids = {r.headers["x-request-id"] for r in responses}
+    assert len(ids) == 2 and "client-chosen" not in ids
+    assert {r.request_id for e in fake_engines for r in e.received} == ids
+    assert {o.request_id for o in outcomes} == ids
 
 
 async def test_text_completion_non_streaming(client: httpx.AsyncClient, key: dict[str, str]) -> None:

@@ -116,16 +116,15 @@ def test_chunks_arrive_as_the_engine_produces_them(http: httpx.Client, fake_engi
 def test_client_disconnect_aborts_the_engine_and_bills_what_it_produced(
     http: httpx.Client, fake_engine: FakeEngine, outcomes: Outcomes
 ) -> None:
-    with http.stream(
-        "POST", "/v1/chat/completions", json=CHAT, headers={"x-request-id": "gone-1"}
-    ) as response:
+    with http.stream("POST", "/v1/chat/completions", json=CHAT) as response:
+        request_id = response.headers["x-request-id"]
         events = data_events(response.iter_lines())
         next(events)  # role
         assert next(events)["choices"][0]["delta"]["content"] == REPLY[0]
     # Leaving the block closed the connection mid-stream; the gate stays shut.
     outcome = outcomes.wait_one()
-    assert fake_engine.aborted == ["gone-1"]
-    assert outcome.request_id == "gone-1" and outcome.client_disconnected and outcome.status == 499
+    assert fake_engine.aborted == [request_id]
+    assert outcome.request_id == request_id and outcome.client_disconnected and outcome.status == 499
     assert outcome.finish_reason == "abort" and outcome.usage_exact
     assert (outcome.prompt_tokens, outcome.completion_tokens) == (2, 1)
     assert outcome.duration_s >= outcome.ttft_s  # type: ignore[operator]
@@ -137,14 +136,14 @@ def test_client_disconnect_during_a_non_streaming_request_aborts_too(
     body = json.dumps(CHAT | {"stream": False}).encode()
     head = (
         "POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
-        f"authorization: {http.headers['Authorization']}\r\nx-request-id: gone-2\r\n"
+        f"authorization: {http.headers['Authorization']}\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     ).encode()
     with socket.create_connection(("127.0.0.1", gateway.port)) as raw:
         raw.sendall(head + body)
         assert fake_engine.generate_called.wait(30)
     outcome = outcomes.wait_one()
-    assert fake_engine.aborted == ["gone-2"]
+    assert fake_engine.aborted == [outcome.request_id]
     assert outcome.client_disconnected and outcome.finish_reason == "abort" and outcome.completion_tokens == 1
 
 
@@ -192,10 +191,10 @@ def test_stream_that_ends_without_a_last_frame(
     assert fake_engine.gate is not None
     fake_engine.gate.set()
     fake_engine.mode = "truncate"
-    response = http.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "cut-1"})
+    response = http.post("/v1/chat/completions", json=CHAT)
     events = list(data_events(iter(response.text.splitlines())))
     assert events[-2]["error"]["code"] == "engine_stream_broken" and events[-1] == "[DONE]"
     assert chat_text(events[:-2]) == "".join(REPLY[:2])
     outcome = outcomes.wait_one()
     assert outcome.status == 502 and not outcome.usage_exact and outcome.completion_tokens == 2
-    assert fake_engine.aborted == ["cut-1"]  # the engine never said it was done: make sure it stops
+    assert fake_engine.aborted == [response.headers["x-request-id"]]  # the engine never said it was done: make sure it stops

@@ -85,9 +85,8 @@ def test_client_disconnect_is_billed_for_what_the_engine_produced(
         with httpx.Client(
             base_url=server.url, timeout=30, headers={"Authorization": f"Bearer {key}"}
         ) as http:
-            with http.stream(
-                "POST", "/v1/chat/completions", json=CHAT, headers={"x-request-id": "cut-1"}
-            ) as resp:
+            with http.stream("POST", "/v1/chat/completions", json=CHAT) as resp:
+                request_id = resp.headers["x-request-id"]
                 lines = (line for line in resp.iter_lines() if line.startswith("data: "))
                 next(lines)  # role
                 assert REPLY[0] in next(lines)
@@ -95,10 +94,10 @@ def test_client_disconnect_is_billed_for_what_the_engine_produced(
         [row] = wait_for_rows(database_url, 1)
     finally:
         server.stop()
-    assert row["request_id"] == "cut-1" and row["status"] == 499 and row["finish_reason"] == "abort"
+    assert row["request_id"] == request_id and row["status"] == 499 and row["finish_reason"] == "abort"
     assert row["completion_tokens"] == 1  # exactly what the engine produced before the abort
     assert row["prompt_tokens"] == 2
-    assert gated_engine.aborted == ["cut-1"]
+    assert gated_engine.aborted == [request_id]
 
 
 # ---------------------------------------------------------------- SIGTERM
@@ -141,12 +140,11 @@ def test_sigterm_with_streams_in_flight_loses_nothing(
             time.sleep(0.1)
         key = create_inference_key(base, TEST_ADMIN_KEY)
 
-        def stream(i: int) -> str:
+        def stream(_: int) -> tuple[str, str]:
+            """(the gateway's request id, the streamed text)."""
             with httpx.Client(base_url=base, timeout=60, headers={"Authorization": f"Bearer {key}"}) as http:
-                with http.stream(
-                    "POST", "/v1/chat/completions", json=CHAT, headers={"x-request-id": f"s{i}"}
-                ) as r:
-                    return "".join(
+                with http.stream("POST", "/v1/chat/completions", json=CHAT) as r:
+                    return r.headers["x-request-id"], "".join(
                         json.loads(line[6:])["choices"][0]["delta"].get("content") or ""
                         for line in r.iter_lines()
                         if line.startswith("data: {") and json.loads(line[6:])["choices"]
@@ -158,15 +156,15 @@ def test_sigterm_with_streams_in_flight_loses_nothing(
             while len(slow_engine.received) < n:  # every stream has reached the engine
                 time.sleep(0.02)
             process.send_signal(signal.SIGTERM)
-            texts = [f.result() for f in futures]
+            answers = [f.result() for f in futures]
         # uvicorn re-raises the signal once its graceful shutdown (and our lifespan drain) is done.
         assert process.wait(timeout=60) in (0, -signal.SIGTERM)
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
-    assert texts == ["".join(REPLY)] * n  # in-flight streams were allowed to finish
+    assert [text for _, text in answers] == ["".join(REPLY)] * n  # in-flight streams were allowed to finish
     rows = read_usage(database_url)  # the gateway is gone: whatever is here came from its drain
-    assert sorted(r["request_id"] for r in rows) == [f"s{i}" for i in range(n)]
+    assert sorted(r["request_id"] for r in rows) == sorted(request_id for request_id, _ in answers)
     assert all(r["completion_tokens"] == len(REPLY) and r["status"] == 200 for r in rows)
     assert not list((tmp_path / "spool").glob("*.jsonl"))
