@@ -29,7 +29,7 @@ async def test_every_response_carries_a_request_id(
         ids.add(response.headers["x-request-id"])
     assert len(ids) == 4
 
-    # A caller's id is never adopted (it would key the engine RPC and the usage row): the gateway's own is sent.
+    # A caller's id is never adopted (it would key the engine RPC and the usage row).
     same = [await client.get("/healthz", headers={"x-request-id": "trace-abc.123"}) for _ in range(2)]
     assert "trace-abc.123" not in {r.headers["x-request-id"] for r in same}
     assert same[0].headers["x-request-id"] != same[1].headers["x-request-id"]

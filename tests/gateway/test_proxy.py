@@ -121,7 +121,10 @@ async def test_request_reaches_engine_as_rpc(
 
 
 async def test_caller_request_ids_never_key_the_engine_or_usage(
-    client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine], outcomes: list[RelayOutcome]
+    client: httpx.AsyncClient,
+    key: dict[str, str],
+    fake_engines: list[FakeEngine],
+    outcomes: list[RelayOutcome],
 ) -> None:
     """Two concurrent requests sending the same x-request-id stay two requests with their own ids."""
     same = key | {"x-request-id": "client-chosen"}

@@ -197,4 +197,5 @@ def test_stream_that_ends_without_a_last_frame(
     assert chat_text(events[:-2]) == "".join(REPLY[:2])
     outcome = outcomes.wait_one()
     assert outcome.status == 502 and not outcome.usage_exact and outcome.completion_tokens == 2
-    assert fake_engine.aborted == [response.headers["x-request-id"]]  # the engine never said it was done: make sure it stops
+    # The engine never said it was done: make sure it stops.
+    assert fake_engine.aborted == [response.headers["x-request-id"]]
