@@ -1,0 +1,135 @@
+"""Which quantization a model is served with, and the loader's side of quantized checkpoints.
+
+``--quant auto`` follows the checkpoint: an AutoAWQ ``quantization_config`` (GEMM, 4 bits) means
+``int4``, a BitNet architecture or ``quant_method: bitnet`` means ``bitnet``, anything else ``none``.
+``int4``/``bitnet`` on a float checkpoint quantize it after loading (RTN g128 / absmean).
+
+While the loader streams tensors into the float model, :class:`QuantizedTensors` keeps the packed
+ones (AWQ ``qweight``/``qzeros``/``scales``; BitNet ``uint8`` weights and ``weight_scale``) aside;
+:func:`apply_quantization` then swaps the matching ``nn.Linear`` modules for quantized ones.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from engine.layers.quant.formats import int4_from_awq_gemm, ternary_from_bitnet
+from engine.layers.quant.swap import install_quantized_weights, quantize_linears
+from engine.layers.quant.weights import Int4Weight, TernaryWeight
+
+QuantChoice = Literal["auto", "none", "int4", "bitnet"]
+QUANT_CHOICES: tuple[str, ...] = ("auto", "none", "int4", "bitnet")
+DEFAULT_GROUP_SIZE = 128
+_AWQ_SUFFIXES = (".qweight", ".qzeros", ".scales")
+_BITNET_SCALE = ".weight_scale"
+
+
+def checkpoint_quant(path: Path) -> tuple[str, dict[str, Any]]:
+    """(``none``/``int4``/``bitnet``, the ``quantization_config``) of a model directory or file."""
+    if not path.is_dir():
+        return "none", {}  # GGUF: its Q4/Q8 tensors are dequantized by the loader
+    config = json.loads((path / "config.json").read_text())
+    quant_config = config.get("quantization_config") or {}
+    method = quant_config.get("quant_method")
+    if method == "awq":
+        bits = quant_config.get("bits", quant_config.get("w_bit", 4))
+        version = str(quant_config.get("version", "gemm")).lower()
+        if bits != 4 or version != "gemm":
+            raise ValueError(f"only 4-bit GEMM AutoAWQ checkpoints are supported, not {bits}-bit {version}")
+        return "int4", quant_config
+    if method == "bitnet" or "BitNetForCausalLM" in (config.get("architectures") or []):
+        if quant_config.get("use_rms_norm"):
+            raise ValueError("BitNet checkpoints with an RMSNorm inside BitLinear are not supported")
+        return "bitnet", quant_config
+    if method:
+        raise ValueError(f"unsupported quantization_config quant_method {method!r}")
+    return "none", quant_config
+
+
+def resolve_quant(requested: str, detected: str) -> str:
+    if requested not in QUANT_CHOICES:
+        raise ValueError(f"quant must be one of {', '.join(QUANT_CHOICES)}, not {requested!r}")
+    if requested == "auto":
+        return detected
+    if detected != "none" and requested != detected:
+        raise ValueError(
+            f"the checkpoint is {detected}-quantized; it cannot be served with quant={requested}"
+        )
+    return requested
+
+
+class QuantizedTensors:
+    """Takes a checkpoint's packed tensors out of the loader's stream, by module name."""
+
+    def __init__(self, method: str) -> None:
+        self.method = method
+        self.tensors: dict[str, dict[str, torch.Tensor]] = {}
+
+    def _part(self, name: str, tensor: torch.Tensor) -> tuple[str, str] | None:
+        if self.method == "int4":
+            suffixes: Iterable[str] = _AWQ_SUFFIXES
+        elif self.method == "bitnet":
+            if name.endswith(".weight") and tensor.dtype != torch.uint8:
+                return None
+            suffixes = (_BITNET_SCALE, ".weight")
+        else:
+            return None
+        for suffix in suffixes:
+            if name.endswith(suffix):
+                return name.removesuffix(suffix), suffix
+        return None
+
+    def filter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield the float tensors; keep the packed ones."""
+        for name, tensor in tensors:
+            part = self._part(name, tensor)
+            if part is None:
+                yield name, tensor
+            else:
+                self.tensors.setdefault(part[0], {})[part[1]] = tensor
+
+    def parameter_names(self) -> set[str]:
+        """The float parameters the packed tensors stand in for (absent from the checkpoint)."""
+        return {module + ".weight" for module in self.tensors}
+
+    def weights(
+        self, model: nn.Module, quant_config: Mapping[str, Any]
+    ) -> dict[str, Int4Weight | TernaryWeight]:
+        out: dict[str, Int4Weight | TernaryWeight] = {}
+        for module, parts in self.tensors.items():
+            needed = _AWQ_SUFFIXES if self.method == "int4" else (".weight", _BITNET_SCALE)
+            if set(parts) != set(needed):
+                raise ValueError(f"{module}: packed tensors {sorted(parts)} are incomplete, need {needed}")
+            if self.method == "int4":
+                group_size = int(
+                    quant_config.get("group_size", quant_config.get("q_group_size", DEFAULT_GROUP_SIZE))
+                )
+                out[module] = int4_from_awq_gemm(
+                    parts[".qweight"], parts[".qzeros"], parts[".scales"], group_size
+                )
+            else:
+                out_features = model.get_submodule(module).out_features
+                out[module] = ternary_from_bitnet(parts[".weight"], parts[_BITNET_SCALE], out_features)
+        return out
+
+
+def apply_quantization(
+    model: nn.Module,
+    method: str,
+    packed: QuantizedTensors,
+    quant_config: Mapping[str, Any],
+    group_size: int = DEFAULT_GROUP_SIZE,
+) -> None:
+    """Swap in quantized linears: the checkpoint's packed weights, else quantize the float ones."""
+    if method == "none":
+        return
+    if packed.tensors:
+        install_quantized_weights(model, packed.weights(model, quant_config))
+    else:
+        quantize_linears(model, "int4" if method == "int4" else "bitnet", group_size=group_size)
