@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not reuse the KV blocks of shared prefixes (on by default; off for comparison)",
     )
+    p.add_argument(
+        "--quant",
+        choices=["auto", "none", "int4", "bitnet"],
+        default=defaults.quant,
+        help="weight quantization (default: what the checkpoint holds; int4/bitnet quantize a float one)",
+    )
     p.add_argument("--num-threads", type=int, help="torch CPU threads (default: all cores)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
@@ -70,6 +76,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         enable_prefix_cache=args.enable_prefix_cache,
         num_threads=args.num_threads,
         served_model_name=args.served_model_name,
+        quant=args.quant,
     )
 
 

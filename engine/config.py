@@ -36,10 +36,15 @@ class EngineConfig:
     num_threads: int | None = None
     """torch intra-op threads on CPU; None uses every core."""
     served_model_name: str | None = None
+    quant: str = "auto"
+    """auto | none | int4 | bitnet: auto follows the checkpoint (AutoAWQ config, BitNet architecture);
+    int4/bitnet on a float checkpoint quantize it at load (RTN g128 / absmean)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.quant not in ("auto", "none", "int4", "bitnet"):
+            raise ValueError(f"quant must be auto, none, int4 or bitnet, not {self.quant!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.block_size <= 0 or self.block_size & (self.block_size - 1):

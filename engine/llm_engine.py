@@ -125,7 +125,7 @@ class LLMEngine:
         from engine.loader.load import load_model
 
         device = config.resolved_device()
-        loaded = load_model(config.model, device, config.resolved_dtype(device))
+        loaded = load_model(config.model, device, config.resolved_dtype(device), quant=config.quant)
         return cls(
             config,
             model=loaded.model,

@@ -15,6 +15,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.layers.quant.checkpoint import (
+    QuantizedTensors,
+    apply_quantization,
+    checkpoint_quant,
+    resolve_quant,
+)
 from engine.loader import gguf_file, safetensors_files
 from engine.loader.progress import ProgressBar
 from engine.model_config import ModelConfig
@@ -66,17 +72,24 @@ def load_model(
     dtype: torch.dtype | None = None,
     *,
     progress: bool = True,
+    quant: str = "auto",
 ) -> LoadedModel:
-    """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA."""
+    """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA.
+
+    `quant` (auto | none | int4 | bitnet): see `engine.layers.quant.checkpoint`."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    detected, quant_config = checkpoint_quant(checkpoint.path)
+    method = resolve_quant(quant, detected)
     model = _build_model(checkpoint.config, device, dtype)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
-    _load_weights(model, checkpoint.tensors(), bar)
+    packed = QuantizedTensors(method)
+    _load_weights(model, packed.filter(checkpoint.tensors()), bar, packed.parameter_names)
     if bar is not None:
         bar.close()
+    apply_quantization(model, method, packed, quant_config)
     return LoadedModel(
         model=model.eval(),
         tokenizer=checkpoint.tokenizer,
@@ -143,7 +156,10 @@ def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
 
 
 def _load_weights(
-    model: nn.Module, tensors: Iterator[tuple[str, torch.Tensor]], bar: ProgressBar | None
+    model: nn.Module,
+    tensors: Iterator[tuple[str, torch.Tensor]],
+    bar: ProgressBar | None,
+    packed_parameters: Callable[[], set[str]] = set,
 ) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
@@ -163,6 +179,7 @@ def _load_weights(
                 )
             param.copy_(tensor)
             missing.discard(name)
+    missing -= packed_parameters()  # replaced by quantized modules after loading
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:3]}")
 
