@@ -6,9 +6,13 @@ so status codes and bodies stay consistent across domains.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import ORJSONResponse
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.openai_protocol import describe_validation_errors, error_body
@@ -33,9 +37,14 @@ class OpenAIError(Exception):
         self.type = type
         self.headers = headers or {}
 
-    def response(self) -> ORJSONResponse:
+    def response(self) -> Response:
         body = error_body(self.message, status=self.status, param=self.param, code=self.code, type=self.type)
-        return ORJSONResponse(body, status_code=self.status, headers=self.headers)
+        return json_response(body, status=self.status, headers=self.headers)
+
+
+def json_response(body: dict[str, Any], *, status: int, headers: Mapping[str, str] | None = None) -> Response:
+    """A JSON response serialized with orjson (FastAPI's ORJSONResponse is deprecated)."""
+    return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
@@ -46,18 +55,18 @@ def install_error_handlers(app: FastAPI) -> None:
     """Make FastAPI's own errors (validation, 404, 405) OpenAI-shaped too."""
 
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> ORJSONResponse:
+    async def _openai_error(_: Request, exc: OpenAIError) -> Response:
         return exc.response()
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> ORJSONResponse:
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
         message, param = _validation_message(exc)
-        return ORJSONResponse(error_body(message, status=400, param=param), status_code=400)
+        return json_response(error_body(message, status=400, param=param), status=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> ORJSONResponse:
-        return ORJSONResponse(
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        return json_response(
             error_body(str(exc.detail), status=exc.status_code),
-            status_code=exc.status_code,
+            status=exc.status_code,
             headers=getattr(exc, "headers", None),
         )
