@@ -3,9 +3,10 @@
 Each packs its canonical weight once, at construction, for one backend:
 
 - ``"triton"`` (the default on CUDA): the fused kernels of :mod:`engine.kernels`, in their layouts.
-- ``"torch"`` (the default elsewhere): torch's CPU kernels, ``_weight_int4pack_mm_for_cpu`` for
-  INT4 (it wants N padded to 16 and K to the group) and ``_int_mm`` (int8 x int8 -> int32) for
-  ternary weights, with the same per-token activation quantization as the Triton path.
+- ``"torch"`` (the default elsewhere): INT4 layers dequantize their weight per call (one byte per
+  code, fp16 scales and mins) and run a dense matmul; torch's ``_weight_int4pack_mm_for_cpu`` was
+  measured slower here in float32 (its cost grows with the batch) and rounds through bf16. Ternary
+  layers use ``_int_mm`` (int8 x int8 -> int32), with the Triton path's per-token quantization.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from engine.layers.quant.quantizers import absmean_ternarize, rtn_quantize
 from engine.layers.quant.weights import Int4Weight, TernaryWeight
 
 Backend = Literal["triton", "torch"]
-_CPU_INT4_N_MULTIPLE = 16
-_CPU_INT4_CODE_OFFSET = 8  # torch's CPU int4 kernel computes (code - 8) * scale + zero
 
 
 def default_backend(device: torch.device | str | None) -> Backend:
@@ -53,9 +52,12 @@ class Int4Linear(nn.Module):
             self.register_buffer("scales", scales.to(device))
             self.register_buffer("mins", mins.to(device))
         else:
-            packed, scales_and_zeros = _pack_for_cpu(weight, dtype)
-            self.register_buffer("packed", packed.to(device))
-            self.register_buffer("scales_and_zeros", scales_and_zeros.to(device))
+            k_pad = weight.scales.shape[1] * weight.group_size
+            codes = torch.zeros((weight.out_features, k_pad), dtype=torch.uint8)
+            codes[:, : weight.in_features] = weight.codes
+            self.register_buffer("codes", codes.to(device))
+            self.register_buffer("scales", weight.scales.half().to(device))
+            self.register_buffer("mins", weight.mins.half().to(device))
         self.register_buffer("bias", None if bias is None else bias.detach().to(device, dtype))
 
     @classmethod
@@ -70,36 +72,21 @@ class Int4Linear(nn.Module):
         if self.backend == "triton":
             out = int4_matmul(x, self.qweight, self.scales, self.mins, self.group_size)
         else:
-            x2 = x.reshape(-1, self.in_features)
-            k_pad = self.scales_and_zeros.shape[0] * self.group_size
-            x2 = F.pad(x2, (0, k_pad - self.in_features))
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x2, self.packed, self.group_size, self.scales_and_zeros.to(x.dtype)
-            )
-            out = out[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
+            out = F.linear(x, self.dequantized_weight(x.dtype))
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
+        """``[N, K]`` in ``dtype`` (torch backend): ``code * scale + min`` per group."""
+        n, k_pad = self.codes.shape
+        groups = self.codes.view(n, -1, self.group_size).to(dtype)
+        weight = groups * self.scales.to(dtype)[..., None] + self.mins.to(dtype)[..., None]
+        return weight.view(n, k_pad)[:, : self.in_features]
 
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"group_size={self.group_size}, backend={self.backend}"
         )
-
-
-def _pack_for_cpu(weight: Int4Weight, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    n, k = weight.codes.shape
-    num_groups = weight.scales.shape[1]
-    n_pad = -(-n // _CPU_INT4_N_MULTIPLE) * _CPU_INT4_N_MULTIPLE
-    codes = torch.zeros((n_pad, num_groups * weight.group_size), dtype=torch.int32)
-    codes[:n, :k] = weight.codes.to(torch.int32)
-    scales = torch.zeros((n_pad, num_groups))
-    zeros = torch.zeros((n_pad, num_groups))
-    # fp16 scales and mins, as in the Triton layout, so both backends compute with the same weights
-    scales[:n] = weight.scales.half().float()
-    zeros[:n] = weight.mins.half().float() + _CPU_INT4_CODE_OFFSET * scales[:n]
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
-    scales_and_zeros = torch.stack([scales.t(), zeros.t()], dim=-1).to(dtype).contiguous()
-    return packed, scales_and_zeros
 
 
 class TernaryLinear(nn.Module):
