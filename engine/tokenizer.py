@@ -67,7 +67,12 @@ class Tokenizer:
     def from_hf_dir(cls, path: str | Path, eos_token_ids: Sequence[int] = ()) -> Tokenizer:
         """`tokenizer.json`, plus special tokens and chat template from `tokenizer_config.json`."""
         path = Path(path)
-        backend = Backend.from_file(str(path / "tokenizer.json"))
+        tokenizer_file = path / "tokenizer.json"
+        if not tokenizer_file.exists():
+            raise FileNotFoundError(
+                f"{path} has no tokenizer.json (a sentencepiece-only tokenizer.model is not supported)"
+            )
+        backend = Backend.from_file(str(tokenizer_file))
         config_file = path / "tokenizer_config.json"
         config = json.loads(config_file.read_text()) if config_file.exists() else {}
         special = {name: _token_content(config.get(name)) for name in _SPECIAL_TOKEN_NAMES}

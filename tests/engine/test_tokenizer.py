@@ -155,3 +155,8 @@ def test_digits_split_individually_like_llama_cpp(default_tokenizer: Tokenizer) 
     # GGUF pre-tokenizer "smollm" splits every digit before GPT-2's regex.
     ids = default_tokenizer.encode("12345", add_special_tokens=False)
     assert [default_tokenizer.decode([i]) for i in ids] == ["1", "2", "3", "4", "5"]
+
+
+def test_hf_dir_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"no tokenizer\.json"):
+        Tokenizer.from_hf_dir(tmp_path)
