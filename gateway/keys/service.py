@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.audit.service import SYSTEM, Actor, record
@@ -240,31 +241,30 @@ async def bootstrap_admin_key(
 ) -> bool:
     """Register ``TERN_ADMIN_KEY`` as a platform admin key unless it already is. True if added.
 
-    Safe to run from several gateway processes at once: the unique hash index lets one insert win.
+    Safe to run from several gateway processes at once: ``INSERT ... ON CONFLICT DO NOTHING`` on the
+    unique hash lets exactly one insert win (the others wait for it, then insert nothing), and only
+    the winner writes the audit row, in the same transaction.
     """
-    secret_hash = hash_key(admin_key, secret)
-    statement = select(ApiKey.id).where(ApiKey.secret_hash == secret_hash)
-    async with sessionmaker() as session:
-        if await session.scalar(statement) is not None:
-            return False
-        key = ApiKey(
+    insert_once = (
+        pg_insert(ApiKey)
+        .values(
             id=uuid.uuid4(),
             tenant_id=None,
             kind="admin",
             name="bootstrap (TERN_ADMIN_KEY)",
             hint=f"...{admin_key[-4:]}",
-            secret_hash=secret_hash,
+            secret_hash=hash_key(admin_key, secret),
             models=[],
             created_at=datetime.now(UTC),
         )
-        session.add(key)
-        await session.flush()
-        _audit(session, actor=SYSTEM, action="key.bootstrap", key=key, before=None, after=snapshot(key))
-        try:
-            await session.commit()
-        except Exception:  # another process registered it first
-            await session.rollback()
-            if await session.scalar(statement) is None:
-                raise
+        .on_conflict_do_nothing(index_elements=[ApiKey.secret_hash])
+        .returning(ApiKey.id)
+    )
+    async with sessionmaker() as session:
+        key_id = await session.scalar(insert_once)
+        if key_id is None:
             return False
+        key = await session.get_one(ApiKey, key_id)
+        _audit(session, actor=SYSTEM, action="key.bootstrap", key=key, before=None, after=snapshot(key))
+        await session.commit()
     return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -86,3 +88,22 @@ async def test_bootstrap_admin_key_is_registered_once(
     assert len(platform) == 1 and platform[0]["hint"] == f"...{TEST_ADMIN_KEY[-4:]}"
     audit = (await client.get("/admin/audit?action=key.bootstrap", headers=admin_headers)).json()["data"]
     assert len(audit) == 1 and audit[0]["actor_key_id"] is None
+
+
+async def test_bootstrap_is_idempotent_under_concurrency(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], app
+) -> None:
+    """Gateways starting together all register the same key: one insert wins, nobody fails."""
+    from gateway.keys.service import bootstrap_admin_key
+
+    new_key = "another-bootstrap-admin-key-0123456789-wxyz"
+    secret = app.state.settings.secret_bytes()
+    added = await asyncio.gather(
+        *(bootstrap_admin_key(app.state.sessionmaker, admin_key=new_key, secret=secret) for _ in range(8))
+    )
+    assert sorted(added) == [False] * 7 + [True]
+    keys = (await client.get("/admin/keys?kind=admin", headers=admin_headers)).json()["data"]
+    assert sum(k["hint"] == f"...{new_key[-4:]}" for k in keys) == 1
+    audit = (await client.get("/admin/audit?action=key.bootstrap", headers=admin_headers)).json()["data"]
+    assert len(audit) == 2  # the test key's and this one's, once each
+    assert (await client.get("/admin/tenants", headers=bearer(new_key))).status_code == 200

@@ -42,10 +42,7 @@ async def test_two_gateway_processes_admit_exactly_the_limit(
     gateway_processes: Callable[..., list[str]], gateway_settings: Settings, tmp_path
 ) -> None:
     """1,000 concurrent requests split over 2 gateways against a key allowed 100 per minute."""
-    # One after the other: two processes registering the bootstrap admin key at the same moment race
-    # (a unique violation in keys.service.bootstrap_admin_key), which is not what this test is about.
-    spool = str(tmp_path / "spool")
-    urls = gateway_processes(1, TERN_USAGE_SPOOL_DIR=spool) + gateway_processes(1, TERN_USAGE_SPOOL_DIR=spool)
+    urls = gateway_processes(2, TERN_USAGE_SPOOL_DIR=str(tmp_path / "spool"))  # started concurrently
     admin = bearer(gateway_settings.admin_key.get_secret_value())  # type: ignore[union-attr]
     async with httpx.AsyncClient(base_url=urls[0], timeout=60, headers=admin) as http:
         tenant = (await http.post("/admin/tenants", json={"name": "replicas"})).json()
