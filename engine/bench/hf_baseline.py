@@ -19,12 +19,19 @@ import torch
 from engine.bench import PROMPTS
 
 
-def load(path: Path):  # -> (model, tokenizer); transformers reads the GGUF and dequantizes it
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load(path: Path):  # -> (model, tokenizer)
+    """transformers' own GGUF dequantization, without ``from_pretrained(gguf_file=...)``'s
+    dependency on ``accelerate`` (which this project does not install)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-    return model, tokenizer
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(path, return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
+    model.tie_weights()
+    return model.eval(), tokenizer
 
 
 @torch.inference_mode()
