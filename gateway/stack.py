@@ -554,7 +554,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="engine device (default: auto)")
     parser.add_argument("--host", default=os.environ.get("TERN_GATEWAY_HOST", "127.0.0.1"))
     parser.add_argument(
-        "--port", type=int, default=int(os.environ.get("TERN_GATEWAY_PORT", DEFAULT_GATEWAY_PORT))
+        "--port", type=int, default=os.environ.get("TERN_GATEWAY_PORT", str(DEFAULT_GATEWAY_PORT))
     )
     parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("TERN_DATA_DIR", ".tern")))
     parser.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S, dest="ready_timeout_s")
