@@ -549,15 +549,38 @@ def _announce_and_call(message: str, stop: Callable[[], None]) -> None:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    parser = parser or argparse.ArgumentParser(prog="tern up", description=__doc__.splitlines()[0])
+    parser = parser or argparse.ArgumentParser(
+        prog="tern up",
+        description="Start PostgreSQL, Redis, an engine and the gateway on this machine; Ctrl-C stops them.",
+    )
     parser.add_argument("--model", help="a Hugging Face directory or GGUF file (default: the built-in model)")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="engine device (default: auto)")
-    parser.add_argument("--host", default=os.environ.get("TERN_GATEWAY_HOST", "127.0.0.1"))
     parser.add_argument(
-        "--port", type=int, default=os.environ.get("TERN_GATEWAY_PORT", str(DEFAULT_GATEWAY_PORT))
+        "--host",
+        default=os.environ.get("TERN_GATEWAY_HOST", "127.0.0.1"),
+        help="gateway listen address (default: TERN_GATEWAY_HOST or 127.0.0.1)",
     )
-    parser.add_argument("--data-dir", type=Path, default=Path(os.environ.get("TERN_DATA_DIR", ".tern")))
-    parser.add_argument("--ready-timeout", type=float, default=READY_TIMEOUT_S, dest="ready_timeout_s")
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=os.environ.get("TERN_GATEWAY_PORT", str(DEFAULT_GATEWAY_PORT)),
+        help="gateway port (default: TERN_GATEWAY_PORT or 8000)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ.get("TERN_DATA_DIR", ".tern")),
+        metavar="DIR",
+        help="databases, secrets and logs (default: TERN_DATA_DIR or .tern)",
+    )
+    parser.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=READY_TIMEOUT_S,
+        dest="ready_timeout_s",
+        metavar="SECONDS",
+        help=f"give up if /readyz is not 200 by then (default: {READY_TIMEOUT_S:.0f})",
+    )
     return parser
 
 
