@@ -80,16 +80,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        # The gateway exports its own Prometheus metrics and JSON logs; FastAPI's native
+        # OpenTelemetry hooks would only add per-request work.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.settings = settings
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_body_bytes)
 
+    app.include_router(proxy_router)  # first: routes are matched in order and /v1 is the hot path
     app.include_router(ops_router)
     app.include_router(tenants_router)
     app.include_router(keys_router)
     app.include_router(audit_router)
-    app.include_router(proxy_router)
     metering.include_routers(app)  # /admin/limits, /admin/prices, /admin/reports, /v1/usage
     # Run with every finished /v1 request's RelayOutcome (usage metering, limits settlement).
     app.state.completion_hooks = []

@@ -35,7 +35,9 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         port=args.port or settings.port,
         workers=args.workers,
         log_config=None,  # gateway.logging configures JSON logs
-        access_log=False,
+        access_log=False,  # the gateway writes its own access log line
+        loop="uvloop",
+        http="httptools",
         lifespan="on",
     )
     return 0

@@ -6,7 +6,12 @@ Routes are labelled by their template (``/admin/keys/{key_id}``), never the raw 
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -39,3 +44,25 @@ UPSTREAM_TIME_TO_FIRST_TOKEN = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+
+
+class Children(Generic[M]):
+    """A labelled metric's children, each looked up once: ``labels()`` validates and locks on every
+    call, which adds up on the request path. Only for label sets that are bounded (route templates,
+    statuses, engine URLs)."""
+
+    def __init__(self, metric: M) -> None:
+        self.metric = metric
+        self._children: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *labels: str) -> M:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self.metric.labels(*labels)
+        return child
+
+
+requests_by = Children(REQUESTS)
+request_latency_by = Children(REQUEST_LATENCY)
+upstream_latency_by = Children(UPSTREAM_LATENCY)
+upstream_ttft_by = Children(UPSTREAM_TIME_TO_FIRST_TOKEN)

@@ -12,7 +12,8 @@ def create_redis(url: str) -> Redis:
     return Redis.from_url(url, decode_responses=False, health_check_interval=30)
 
 
-def get_redis(request: Request) -> Redis:
+async def get_redis(request: Request) -> Redis:
+    """``async`` so FastAPI does not run it in a worker thread."""
     return request.app.state.redis
 
 

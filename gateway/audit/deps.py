@@ -10,7 +10,8 @@ from gateway.audit.service import Actor
 from gateway.keys.deps import AdminKey
 
 
-def admin_actor(request: Request, key: AdminKey) -> Actor:
+async def admin_actor(request: Request, key: AdminKey) -> Actor:
+    """``async`` so FastAPI does not run it in a worker thread."""
     request_id = getattr(request.state, "request_id", None)
     return Actor(key_id=key.key_id, tenant_id=key.tenant_id, request_id=request_id)
 

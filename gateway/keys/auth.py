@@ -2,8 +2,9 @@
 
 Cost per request: a format/checksum check, then either a cache hit or one indexed lookup
 (``api_keys.secret_hash`` is unique). The in-process cache lives at most ``key_cache_ttl_s``
-(<= 0.9 s, default 0.5 s), so a revocation made through any gateway process is honoured by every
-other process within 1 s without cross-process invalidation. Expiry is checked on every request
+(<= 0.9 s, default 0.5 s, counted from when the lookup started; concurrent misses share one query),
+so a revocation made through any gateway process is honoured by every other process within 1 s
+without cross-process invalidation. Expiry is checked on every request
 against the cached ``expires_at``, so it is exact. ``last_used_at`` is written at most once per
 ``key_last_used_interval_s`` per key and process, never per request.
 """
@@ -15,6 +16,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -23,6 +25,7 @@ from gateway.errors import OpenAIError
 from gateway.keys.format import hash_key, is_plausible_key
 from gateway.keys.models import ApiKey
 from gateway.tenants.models import Tenant
+from gateway.ttl_cache import TtlCache
 
 CACHE_MAX_ENTRIES = 10_000
 
@@ -78,9 +81,10 @@ class KeyAuthenticator:
     ) -> None:
         self._sessionmaker = sessionmaker
         self._secret = secret
-        self._cache_ttl_s = cache_ttl_s
         self._last_used_interval_s = last_used_interval_s
-        self._cache: dict[str, tuple[float, _KeyState | None]] = {}
+        self._cache: TtlCache[str, _KeyState | None] = TtlCache(
+            ttl_s=cache_ttl_s, max_entries=CACHE_MAX_ENTRIES
+        )
         self._last_touched: dict[uuid.UUID, float] = {}
 
     async def authenticate(self, token: str) -> AuthenticatedKey:
@@ -88,7 +92,7 @@ class KeyAuthenticator:
         if not is_plausible_key(token):
             raise _invalid_key()
         secret_hash = hash_key(token, self._secret)
-        state = await self._lookup(secret_hash)
+        state = await self._cache.get(secret_hash, partial(self._load, secret_hash))
         if state is None or not hmac.compare_digest(state.secret_hash, secret_hash):
             raise _invalid_key()
         now = datetime.now(UTC)
@@ -107,30 +111,11 @@ class KeyAuthenticator:
 
     def forget(self, secret_hash: str) -> None:
         """Drop a cached entry at once (this process only; others expire within the TTL)."""
-        self._cache.pop(secret_hash, None)
+        self._cache.forget(secret_hash)
 
     def forget_all(self) -> None:
         """After a tenant change, which affects all of its keys."""
-        self._cache.clear()
-
-    async def _lookup(self, secret_hash: str) -> _KeyState | None:
-        now = time.monotonic()
-        cached = self._cache.get(secret_hash)
-        if cached is not None and now - cached[0] < self._cache_ttl_s:
-            return cached[1]
-        state = await self._load(secret_hash)
-        if self._cache_ttl_s > 0:
-            if len(self._cache) >= CACHE_MAX_ENTRIES:
-                self._evict(now)
-            self._cache[secret_hash] = (now, state)
-        return state
-
-    def _evict(self, now: float) -> None:
-        stale = [h for h, (at, _) in self._cache.items() if now - at >= self._cache_ttl_s]
-        for secret_hash in stale:
-            del self._cache[secret_hash]
-        if len(self._cache) >= CACHE_MAX_ENTRIES:
-            self._cache.clear()
+        self._cache.forget()
 
     async def _load(self, secret_hash: str) -> _KeyState | None:
         query = (

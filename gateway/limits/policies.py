@@ -8,9 +8,9 @@ keep applying, so an outage never turns limits off.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sqlalchemy import select
@@ -20,6 +20,7 @@ from gateway.keys.auth import AuthenticatedKey
 from gateway.limits.config import FailurePolicy, LimitsSettings
 from gateway.limits.models import KeyLimits, TenantLimits
 from gateway.limits.schemas import RequestLimits, Scope
+from gateway.ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
 
@@ -49,35 +50,31 @@ class LimitPolicies:
     def __init__(self, *, sessionmaker: async_sessionmaker[AsyncSession], settings: LimitsSettings) -> None:
         self.sessionmaker = sessionmaker
         self.settings = settings
-        self._cache: dict[uuid.UUID, tuple[float, _Rows]] = {}
+        self._cache: TtlCache[uuid.UUID, _Rows] = TtlCache(ttl_s=settings.config_cache_s)
 
     def forget(self, key_id: uuid.UUID | None = None) -> None:
         """Drop cached rows (after an admin change in this process)."""
-        if key_id is None:
-            self._cache.clear()
-        else:
-            self._cache.pop(key_id, None)
+        self._cache.forget(key_id)
 
     async def _rows(self, key: AuthenticatedKey) -> _Rows:
-        cached = self._cache.get(key.key_id)
-        if cached is not None and time.monotonic() - cached[0] < self.settings.config_cache_s:
-            return cached[1]
         try:
-            async with self.sessionmaker() as session:
-                key_row = await session.scalar(select(KeyLimits).where(KeyLimits.key_id == key.key_id))
-                tenant_row = None
-                if key.tenant_id is not None:
-                    tenant_row = await session.scalar(
-                        select(TenantLimits).where(TenantLimits.tenant_id == key.tenant_id)
-                    )
+            return await self._cache.get(key.key_id, partial(self._load, key))
         except Exception as exc:
-            if cached is not None:
-                return cached[1]
+            stale = self._cache.stale(key.key_id)
+            if stale is not None:
+                return stale
             log.warning("cannot load limit settings for key %s, using the key's own: %s", key.key_id, exc)
             return _Rows(None, None)
-        rows = _Rows(tenant_row, key_row)
-        self._cache[key.key_id] = (time.monotonic(), rows)
-        return rows
+
+    async def _load(self, key: AuthenticatedKey) -> _Rows:
+        async with self.sessionmaker() as session:
+            key_row = await session.scalar(select(KeyLimits).where(KeyLimits.key_id == key.key_id))
+            tenant_row = None
+            if key.tenant_id is not None:
+                tenant_row = await session.scalar(
+                    select(TenantLimits).where(TenantLimits.tenant_id == key.tenant_id)
+                )
+        return _Rows(tenant_row, key_row)
 
     async def for_request(self, *, key: AuthenticatedKey, model: str) -> RequestLimits:
         rows = await self._rows(key)

@@ -1,7 +1,8 @@
 """Admission and settlement of requests against rate limits, concurrency slots and budgets.
 
-One Redis round trip admits a request (``scripts/admit.lua``) and one settles it
-(``scripts/settle.lua``). While Redis is unreachable each key follows its failure policy:
+One script call admits a request (``scripts/admit.lua``) and one settles it
+(``scripts/settle.lua``); calls made in the same event-loop turn share one pipelined round trip
+(:class:`ScriptBatcher`). While Redis is unreachable each key follows its failure policy:
 fail-closed answers 503, fail-open uses :class:`LocalLimiter`. Redis is retried every
 ``redis_retry_s``, so the gateway goes back to the shared limits by itself.
 """
@@ -32,6 +33,7 @@ from gateway.limits.schemas import (
     retry_after_seconds,
     to_nano,
 )
+from gateway.limits.script_batch import ScriptBatcher
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,7 @@ class RateLimiter:
         )
         self._admit = redis.register_script(_script("admit.lua"))
         self._settle = redis.register_script(_script("settle.lua"))
+        self._scripts = ScriptBatcher(redis)
         self._redis_down_until = 0.0
         self._budget_seen: dict[tuple[str, str], tuple[int, int]] = {}
         self._pending: set[asyncio.Task[None]] = set()
@@ -141,7 +144,8 @@ class RateLimiter:
         ]
         args += [a for s in scopes for a in s.script_args()]
         for _ in range(len(scopes) + 1):
-            result = [_text(v) for v in await self._admit(keys=keys, args=args)]
+            reply = await self._scripts.call(self._admit, keys=keys, args=args)
+            result = [_text(v) for v in reply]  # type: ignore[attr-defined]
             if result[0] == "seed":
                 await self._seed_budget(scopes[int(result[1]) - 1], admission.month)
                 continue
@@ -260,7 +264,8 @@ class RateLimiter:
             return
         keys = [k for s in scopes for k in s.redis_keys(admission.month)]
         try:
-            await self._settle(keys=keys, args=[admission.admission_id, tokens, to_nano(spend), len(scopes)])
+            args = [admission.admission_id, tokens, to_nano(spend), len(scopes)]
+            await self._scripts.call(self._settle, keys=keys, args=args)
         except REDIS_DOWN_ERRORS as exc:  # the reservation and the slot expire on their own
             self._mark_redis_down(exc)
         self._count_budget_locally(admission, tokens, spend)

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import OpenAIError
 from gateway.logging import request_id_var
-from gateway.metrics import REQUEST_LATENCY, REQUESTS
+from gateway.metrics import request_latency_by, requests_by
 
 access_log = logging.getLogger("tern.access")
 error_log = logging.getLogger("tern.error")
@@ -103,21 +103,22 @@ class RequestContextMiddleware:
             elapsed = time.perf_counter() - started
             route = _route_template(scope)
             method = scope["method"]
-            REQUESTS.labels(method=method, route=route, status=str(status)).inc()
-            REQUEST_LATENCY.labels(method=method, route=route).observe(elapsed)
-            state = scope.get("state", {})
-            access_log.info(
-                "request",
-                extra={
-                    "request_id": request_id,
-                    "client_request_id": _client_request_id(scope),
-                    "method": method,
-                    "path": scope["path"],
-                    "route": route,
-                    "status": status,
-                    "duration_ms": round(elapsed * 1000, 2),
-                    "key_id": state.get("key_id"),
-                    "tenant_id": state.get("tenant_id"),
-                },
-            )
+            requests_by(method, route, str(status)).inc()
+            request_latency_by(method, route).observe(elapsed)
+            if access_log.isEnabledFor(logging.INFO):
+                state = scope.get("state", {})
+                access_log.info(
+                    "request",
+                    extra={
+                        "request_id": request_id,
+                        "client_request_id": _client_request_id(scope),
+                        "method": method,
+                        "path": scope["path"],
+                        "route": route,
+                        "status": status,
+                        "duration_ms": round(elapsed * 1000, 2),
+                        "key_id": state.get("key_id"),
+                        "tenant_id": state.get("tenant_id"),
+                    },
+                )
             request_id_var.reset(token)

@@ -21,22 +21,16 @@ from gateway.keys.deps import AuthenticatedKey, InferenceKey
 from gateway.limits.admission import dispatch_limited
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
-from gateway.proxy.relay import CompletionHook
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-def get_engine_pool(request: Request) -> EnginePool:
+async def get_engine_pool(request: Request) -> EnginePool:
+    """``async`` so FastAPI calls it on the loop: a plain ``def`` dependency costs a thread hop."""
     return request.app.state.engine_pool
 
 
-def get_completion_hooks(request: Request) -> list[CompletionHook]:
-    """Hooks run with every finished request's outcome; other domains append to this list at start-up."""
-    return request.app.state.completion_hooks
-
-
 Pool = Annotated[EnginePool, Depends(get_engine_pool)]
-Hooks = Annotated[list[CompletionHook], Depends(get_completion_hooks)]
 
 
 async def read_request(request: Request, request_cls: type[RequestT]) -> RequestT:
@@ -53,30 +47,19 @@ async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
 
 
 @router.post("/chat/completions")
-async def chat_completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
-    return await generate(
-        request,
-        key=key,
-        pool=pool,
-        hooks=hooks,
-        request_cls=ChatCompletionRequest,
-        endpoint="chat.completions",
-    )
+async def chat_completions(request: Request, key: InferenceKey) -> Response:
+    return await generate(request, key=key, request_cls=ChatCompletionRequest, endpoint="chat.completions")
 
 
 @router.post("/completions")
-async def completions(request: Request, key: InferenceKey, pool: Pool, hooks: Hooks) -> Response:
-    return await generate(
-        request, key=key, pool=pool, hooks=hooks, request_cls=CompletionRequest, endpoint="completions"
-    )
+async def completions(request: Request, key: InferenceKey) -> Response:
+    return await generate(request, key=key, request_cls=CompletionRequest, endpoint="completions")
 
 
 async def generate(
     request: Request,
     *,
     key: AuthenticatedKey,
-    pool: EnginePool,
-    hooks: list[CompletionHook],
     request_cls: type[ChatCompletionRequest] | type[CompletionRequest],
     endpoint: str,
 ) -> Response:
@@ -85,14 +68,16 @@ async def generate(
     # Before the limits, so a refused model costs no quota.
     service.ensure_model_allowed(key=key, model=openai_request.model)
     request_id: str = request.state.request_id
+    state = request.app.state
     dispatch = partial(
         service.dispatch,
-        pool=pool,
+        pool=state.engine_pool,
         openai_request=openai_request,
         endpoint=endpoint,
         key=key,
         request_id=request_id,
-        hooks=hooks,
+        # Run with the finished request's RelayOutcome; other domains add theirs at start-up.
+        hooks=state.completion_hooks,
     )
     # Rate limits and budgets are checked before any engine work (gateway/limits).
     return await dispatch_limited(

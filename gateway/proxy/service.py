@@ -8,7 +8,7 @@ from engine.openai_protocol import OpenAIRequest
 from engine.protocol import ModelList
 from gateway.errors import OpenAIError
 from gateway.keys.auth import AuthenticatedKey
-from gateway.metrics import UPSTREAM_LATENCY, UPSTREAM_TIME_TO_FIRST_TOKEN
+from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.relay import CompletionHook, Relay, RelayOutcome, RelayResponse
 
@@ -65,6 +65,6 @@ async def observe_upstream_metrics(outcome: RelayOutcome) -> None:
     if outcome.engine_url is None:
         return
     result = "client_closed" if outcome.client_disconnected else ("ok" if outcome.status < 400 else "error")
-    UPSTREAM_LATENCY.labels(outcome.engine_url, "generate", result).observe(outcome.duration_s)
+    upstream_latency_by(outcome.engine_url, "generate", result).observe(outcome.duration_s)
     if outcome.ttft_s is not None:
-        UPSTREAM_TIME_TO_FIRST_TOKEN.labels(outcome.engine_url).observe(outcome.ttft_s)
+        upstream_ttft_by(outcome.engine_url).observe(outcome.ttft_s)
