@@ -20,10 +20,12 @@ class Source:
         self.loads = 0
         self.release = asyncio.Event()
         self.release.set()
+        self.started = asyncio.Event()
 
     async def load(self) -> int:
         self.loads += 1
         seen = self.version
+        self.started.set()
         await self.release.wait()
         return seen
 
@@ -66,8 +68,7 @@ async def test_forget_during_a_load_keeps_its_old_value_out_of_the_cache() -> No
     source = Source()
     source.release.clear()
     loading = asyncio.ensure_future(cache.get("k", source.load))
-    while source.loads == 0:  # the load has read version 0
-        await asyncio.sleep(0)
+    await source.started.wait()  # the load has read version 0
     source.version = 1  # e.g. the key is revoked while the lookup runs...
     cache.forget("k")  # ...by this process, which drops its entry at once
     source.release.set()
