@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 class _Rows:
     tenant: TenantLimits | None
     key: KeyLimits | None
+    built: dict[tuple[AuthenticatedKey, str], RequestLimits] = field(default_factory=dict, compare=False)
+    """``for_request`` results from these rows, per key state and model (dropped with the rows)."""
 
 
 def _model_scope(kind: str, owner: str, label: str, model: str, model_limits: dict[str, Any]) -> Scope | None:
@@ -78,6 +80,14 @@ class LimitPolicies:
 
     async def for_request(self, *, key: AuthenticatedKey, model: str) -> RequestLimits:
         rows = await self._rows(key)
+        built = rows.built.get((key, model))
+        if built is None:
+            if len(rows.built) > 1000:  # a key used with many (possibly bogus) model names
+                rows.built.clear()
+            built = rows.built[(key, model)] = self._build(rows, key=key, model=model)
+        return built
+
+    def _build(self, rows: _Rows, *, key: AuthenticatedKey, model: str) -> RequestLimits:
         key_label = f"API key '{key.name}'"
         key_id = str(key.key_id)
         scopes = [

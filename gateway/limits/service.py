@@ -134,7 +134,7 @@ class RateLimiter:
 
     async def _admit_redis(self, admission: Admission, now: datetime) -> None:
         scopes = admission.limits.scopes
-        keys = [k for s in scopes for k in s.redis_keys(admission.month)]
+        keys = admission.limits.redis_keys(admission.month)
         args: list[int | str] = [
             admission.admission_id,
             admission.reserved_tokens,
@@ -142,7 +142,7 @@ class RateLimiter:
             int(self.settings.slot_ttl_s * 1000),
             len(scopes),
         ]
-        args += [a for s in scopes for a in s.script_args()]
+        args += admission.limits.limit_args()
         for _ in range(len(scopes) + 1):
             reply = await self._scripts.call(self._admit, keys=keys, args=args)
             result = [_text(v) for v in reply]  # type: ignore[attr-defined]
@@ -262,7 +262,7 @@ class RateLimiter:
             return
         if admission.backend != "redis":
             return
-        keys = [k for s in scopes for k in s.redis_keys(admission.month)]
+        keys = admission.limits.redis_keys(admission.month)
         try:
             args = [admission.admission_id, tokens, to_nano(spend), len(scopes)]
             await self._scripts.call(self._settle, keys=keys, args=args)

@@ -43,11 +43,12 @@ class Upstream:
     session: aiohttp.ClientSession
     healthy: bool = False
     models: tuple[ModelInfo, ...] = ()
+    model_ids: frozenset[str] = frozenset()
     inflight: int = 0
     last_error: str | None = field(default=None, repr=False)
 
     def serves(self, model: str) -> bool:
-        return any(m.id == model for m in self.models)
+        return model in self.model_ids
 
 
 class EnginePool:
@@ -124,6 +125,7 @@ class EnginePool:
         if not upstream.healthy:
             log.info("engine %s is healthy (models: %s)", upstream.url, [m.id for m in models])
         upstream.models = tuple(models)
+        upstream.model_ids = frozenset(m.id for m in models)
         upstream.healthy = True
         upstream.last_error = None
 
@@ -157,6 +159,8 @@ class EnginePool:
         candidates = [u for u in healthy if u.serves(model)]
         if not candidates:
             raise ModelNotServed(model)
+        if len(candidates) == 1:
+            return candidates[0]
         start = next(self._turn) % len(candidates)
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda u: u.inflight)

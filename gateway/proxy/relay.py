@@ -13,6 +13,7 @@ limits settlement, metrics).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -326,24 +327,30 @@ class RelayResponse(Response):
         self.init_headers(stream_headers | (headers or {}))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # A plain asyncio task watches for the client leaving and cancels this one (an anyio task
+        # group does the same with noticeably more work per request).
+        writer = asyncio.current_task()
+        assert writer is not None
         disconnected = False
+
+        async def watch_for_disconnect() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected = True
+            writer.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch_for_disconnect())
         try:
-            async with anyio.create_task_group() as tg:
-
-                async def watch_for_disconnect() -> None:
-                    nonlocal disconnected
-                    while (await receive())["type"] != "http.disconnect":
-                        pass
-                    disconnected = True
-                    tg.cancel_scope.cancel()
-
-                tg.start_soon(watch_for_disconnect)
-                try:
-                    await (self._send_stream(send) if self.stream else self._send_json(send))
-                except OSError:  # the server could not write: the client is gone
-                    disconnected = True
-                tg.cancel_scope.cancel()
+            await (self._send_stream(send) if self.stream else self._send_json(send))
+        except asyncio.CancelledError:
+            if not disconnected:
+                raise  # cancelled from outside (shutdown): not ours to swallow
+            writer.uncancel()
+        except OSError:  # the server could not write: the client is gone
+            disconnected = True
         finally:
+            watcher.cancel()  # before any await: the watcher can no longer cancel this task
             with anyio.CancelScope(shield=True):
                 await self.relay.finish(client_disconnected=disconnected)
 
