@@ -1,12 +1,16 @@
 """``tern bench gateway``: the gateway's throughput and added latency with auth, limits and metering on.
 
 Starts its own PostgreSQL and Redis (``gateway.local_services``), a stand-in engine that answers at
-once, and one gateway process; creates a key with rate limits and budgets (so every request runs the
-admission script, the settle script and the usage buffer), then measures at each concurrency:
+once, and one gateway process (``tern gateway``, access log on at INFO), each in its own process;
+creates a key with rate limits and budgets (so every request runs the admission script, the settle
+script and the usage buffer), then measures at each concurrency, from this (third) process with
+one keep-alive aiohttp session:
 
 - requests per second through the gateway (non-streaming chat completions);
 - latency p50/p99 through the gateway and calling the stand-in directly; the difference is the
-  gateway's added latency.
+  gateway's added latency;
+- the gateway process's CPU time per request (Linux ``/proc``): unlike requests per second it hardly
+  depends on what else the machine runs, and ``1000 / cpu_ms`` is what one free core could serve.
 
 Prints one JSON object. ``python -m gateway.bench.gateway --requests 2000 --concurrency 1 64``
 """
@@ -21,8 +25,10 @@ import platform
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 import httpx
@@ -38,6 +44,8 @@ from engine.protocol import (
 )
 from gateway.db import upgrade_database
 from gateway.local_services import PostgresServer, RedisServer, free_port
+
+T = TypeVar("T")
 
 MODEL = "standin"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
@@ -78,6 +86,25 @@ def serve_standin(port: int) -> None:
 
 
 # ---------------------------------------------------------------- measuring
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds a process has used so far (Linux); None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """uvloop when installed (uvicorn[standard] brings it), so the load generator stays cheap."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -133,7 +160,12 @@ def wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
 def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
     admin_key = secrets.token_hex(24)
     children: list[subprocess.Popen[bytes]] = []
-    with PostgresServer() as pg, RedisServer() as redis:
+    load_before = os.getloadavg()
+    with (
+        PostgresServer() as pg,
+        RedisServer() as redis,
+        tempfile.TemporaryFile() as gateway_log,
+    ):
         pg.create_database("tern")
         upgrade_database(pg.url("tern"))
         standin_port, gateway_port = free_port(), free_port()
@@ -150,10 +182,12 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
                 "TERN_SECRET": secrets.token_hex(16),
                 "TERN_ADMIN_KEY": admin_key,
                 "TERN_ENGINE_URLS": f"http://127.0.0.1:{standin_port}",
-                "TERN_LOG_LEVEL": "WARNING",
+                "TERN_LOG_LEVEL": "INFO",  # as deployed: one JSON access log line per request
             }
             command = [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(gateway_port)]
-            gateway = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
+            gateway = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=gateway_log, stderr=gateway_log
+            )
             children.append(gateway)
             base = f"http://127.0.0.1:{gateway_port}"
             wait_http(f"{base}/healthz", gateway)
@@ -174,15 +208,21 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
             ).json()["key"]
             auth = {"Authorization": f"Bearer {key}"}
             results = []
+            chat_url, direct_url = (
+                f"{base}/v1/chat/completions",
+                f"http://127.0.0.1:{standin_port}{GENERATE_PATH}",
+            )
             for concurrency in concurrencies:
                 drive_args = {"requests": requests, "concurrency": concurrency}
-                asyncio.run(
-                    drive(f"{base}/v1/chat/completions", CHAT, auth, requests=200, concurrency=concurrency)
-                )
-                direct = asyncio.run(
-                    drive(f"http://127.0.0.1:{standin_port}{GENERATE_PATH}", GENERATE, {}, **drive_args)
-                )
-                through = asyncio.run(drive(f"{base}/v1/chat/completions", CHAT, auth, **drive_args))
+                run_loop(drive(chat_url, CHAT, auth, requests=200, concurrency=concurrency))  # warm-up
+                direct = run_loop(drive(direct_url, GENERATE, {}, **drive_args))
+                cpu_before = process_cpu_s(gateway.pid)
+                through = run_loop(drive(chat_url, CHAT, auth, **drive_args))
+                cpu_after = process_cpu_s(gateway.pid)
+                if cpu_before is not None and cpu_after is not None:
+                    cpu_ms = (cpu_after - cpu_before) * 1000 / requests
+                    through["gateway_cpu_ms_per_request"] = round(cpu_ms, 3)
+                    through["one_free_core_rps"] = round(1000 / cpu_ms) if cpu_ms else None
                 results.append(
                     {
                         "concurrency": concurrency,
@@ -192,6 +232,10 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
                         "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 3),
                     }
                 )
+        except Exception:
+            gateway_log.seek(0)
+            sys.stderr.write(gateway_log.read()[-4000:].decode(errors="replace"))
+            raise
         finally:
             for child in reversed(children):
                 child.terminate()
@@ -202,6 +246,8 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+            # Other work on the machine skews latency and req/s (not much the CPU time per request).
+            "load_average_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
         },
         "features": ["auth", "limits (rpm, tpm, concurrency, token budget)", "usage metering"],
         "requests_per_run": requests,
