@@ -1,6 +1,9 @@
 """Gateway fixtures: an app on a fresh database and the session's Redis, clients and keys.
 
-- ``engine_urls``: the upstreams the app is configured with (override it in a test module).
+- ``fake_engines`` / ``fake_engine``: stand-in engines on real ports, for tests marked
+  ``@pytest.mark.fake_engines(count=1, gated=False, **FakeEngine fields)``; ``gated`` gives the
+  engine a gate that pauses each stream after its first delta until the test sets it.
+- ``engine_urls``: the upstreams the app is configured with: the marked fake engines, else none.
 - ``gateway_settings``: ``Settings`` pointing at the test database and Redis.
 - ``app``: the app with its lifespan running; ``client``: an httpx client bound to it.
 - ``admin_headers``: headers carrying the bootstrap platform admin key.
@@ -14,12 +17,14 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from fake_engine import FakeEngine
 from fastapi import FastAPI
 
 from gateway.app import create_app
@@ -33,9 +38,35 @@ _tenant_counter = itertools.count()
 CreateTenantAndKey = Callable[..., Awaitable[tuple[dict[str, Any], str, str]]]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "fake_engines(count=1, gated=False, **fields): serve the app through started FakeEngines"
+    )
+
+
 @pytest.fixture
-def engine_urls() -> list[str]:
-    return []
+def fake_engines(request: pytest.FixtureRequest) -> Iterator[list[FakeEngine]]:
+    marker = request.node.get_closest_marker("fake_engines")
+    options = dict(marker.kwargs) if marker is not None else {}
+    count = options.pop("count", 1)
+    gated = options.pop("gated", False)
+    engines = [FakeEngine(gate=threading.Event() if gated else None, **options).start() for _ in range(count)]
+    yield engines
+    for engine in engines:
+        engine.stop()
+
+
+@pytest.fixture
+def fake_engine(fake_engines: list[FakeEngine]) -> FakeEngine:
+    return fake_engines[0]
+
+
+@pytest.fixture
+def engine_urls(request: pytest.FixtureRequest) -> list[str]:
+    """The marked test's fake engines; none for tests that do not proxy."""
+    if request.node.get_closest_marker("fake_engines") is None:
+        return []
+    return [engine.url for engine in request.getfixturevalue("fake_engines")]
 
 
 @pytest.fixture

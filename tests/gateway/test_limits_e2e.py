@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -15,23 +15,11 @@ from fake_engine import REPLY, FakeEngine
 
 from gateway.config import Settings
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines]
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 50}
 PROMPT_TOKENS = 2  # the fake engine counts words
 TOKENS_PER_REQUEST = PROMPT_TOKENS + len(REPLY)
-
-
-@pytest.fixture
-def fake_engine() -> Iterator[FakeEngine]:
-    engine = FakeEngine().start()
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture
-def engine_urls(fake_engine: FakeEngine) -> list[str]:
-    return [fake_engine.url]
 
 
 def bearer(key: str) -> dict[str, str]:

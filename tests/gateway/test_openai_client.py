@@ -15,17 +15,7 @@ from gateway.config import Settings
 
 MESSAGES = [{"role": "user", "content": "say hello"}]
 
-
-@pytest.fixture
-def fake_engine() -> Iterator[FakeEngine]:
-    engine = FakeEngine().start()
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture
-def engine_urls(fake_engine: FakeEngine) -> list[str]:
-    return [fake_engine.url]
+pytestmark = pytest.mark.fake_engines
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ Streaming and disconnects need a real socket on the client side too: see test_pr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from gateway.proxy.relay import RelayOutcome
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines(count=2)]
 
 CreateTenantAndKey = Callable[..., Awaitable[tuple[dict[str, Any], str, str]]]
 
@@ -25,19 +25,6 @@ CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hel
 
 def bearer(secret: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {secret}"}
-
-
-@pytest.fixture
-def fake_engines() -> Iterator[list[FakeEngine]]:
-    engines = [FakeEngine().start(), FakeEngine().start()]
-    yield engines
-    for engine in engines:
-        engine.stop()
-
-
-@pytest.fixture
-def engine_urls(fake_engines: list[FakeEngine]) -> list[str]:
-    return [e.url for e in fake_engines]
 
 
 @pytest.fixture

@@ -25,17 +25,7 @@ from gateway.proxy.relay import RelayOutcome
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}], "stream": True}
 
-
-@pytest.fixture
-def fake_engine() -> Iterator[FakeEngine]:
-    engine = FakeEngine(gate=threading.Event()).start()
-    yield engine
-    engine.stop()
-
-
-@pytest.fixture
-def engine_urls(fake_engine: FakeEngine) -> list[str]:
-    return [fake_engine.url]
+pytestmark = pytest.mark.fake_engines(gated=True)
 
 
 class Outcomes:

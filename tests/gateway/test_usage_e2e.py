@@ -9,9 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -61,22 +59,16 @@ def wait_for_rows(database_url: str, n: int) -> list[dict]:
 # ---------------------------------------------------------------- disconnect mid-stream
 
 
-@pytest.fixture
-def gated_engine() -> Iterator[FakeEngine]:
-    engine = FakeEngine(gate=threading.Event()).start()
-    yield engine
-    engine.stop()
-
-
+@pytest.mark.fake_engines(gated=True)
 def test_client_disconnect_is_billed_for_what_the_engine_produced(
-    gated_engine: FakeEngine, database_url: str, redis_url: str, tmp_path: Path
+    fake_engine: FakeEngine, database_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     settings = Settings(
         database_url=database_url,
         redis_url=redis_url,
         secret=TEST_SECRET,
         admin_key=TEST_ADMIN_KEY,
-        engine_urls=[gated_engine.url],
+        engine_urls=[fake_engine.url],
         log_level="WARNING",
     )
     server = ServerThread(create_app(settings)).start()
@@ -97,21 +89,15 @@ def test_client_disconnect_is_billed_for_what_the_engine_produced(
     assert row["request_id"] == request_id and row["status"] == 499 and row["finish_reason"] == "abort"
     assert row["completion_tokens"] == 1  # exactly what the engine produced before the abort
     assert row["prompt_tokens"] == 2
-    assert gated_engine.aborted == [request_id]
+    assert fake_engine.aborted == [request_id]
 
 
 # ---------------------------------------------------------------- SIGTERM
 
 
-@pytest.fixture
-def slow_engine() -> Iterator[FakeEngine]:
-    engine = FakeEngine(token_delay_s=0.3).start()
-    yield engine
-    engine.stop()
-
-
+@pytest.mark.fake_engines(token_delay_s=0.3)
 def test_sigterm_with_streams_in_flight_loses_nothing(
-    slow_engine: FakeEngine, database_url: str, redis_url: str, tmp_path: Path
+    fake_engine: FakeEngine, database_url: str, redis_url: str, tmp_path: Path
 ) -> None:
     port = free_port()
     env = {
@@ -120,7 +106,7 @@ def test_sigterm_with_streams_in_flight_loses_nothing(
         "TERN_REDIS_URL": redis_url,
         "TERN_SECRET": TEST_SECRET,
         "TERN_ADMIN_KEY": TEST_ADMIN_KEY,
-        "TERN_ENGINE_URLS": slow_engine.url,
+        "TERN_ENGINE_URLS": fake_engine.url,
         "TERN_LOG_LEVEL": "WARNING",
         "TERN_USAGE_SPOOL_DIR": str(tmp_path / "spool"),
         "TERN_USAGE_FLUSH_INTERVAL_S": "30",  # nothing flushes on its own: only the drain can
@@ -153,7 +139,7 @@ def test_sigterm_with_streams_in_flight_loses_nothing(
         n = 4
         with ThreadPoolExecutor(n) as pool:
             futures = [pool.submit(stream, i) for i in range(n)]
-            while len(slow_engine.received) < n:  # every stream has reached the engine
+            while len(fake_engine.received) < n:  # every stream has reached the engine
                 time.sleep(0.02)
             process.send_signal(signal.SIGTERM)
             answers = [f.result() for f in futures]
