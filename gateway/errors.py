@@ -15,10 +15,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.openai_protocol import describe_validation_errors, error_body
+from engine.openai_protocol import OpenAIRequestError, describe_validation_errors, error_body
 
 
-class OpenAIError(Exception):
+class OpenAIError(OpenAIRequestError):
+    """The shared OpenAI-surface error plus what only the gateway sends: an explicit ``type``
+    and response headers (``retry-after``, rate-limit headers)."""
+
     def __init__(
         self,
         status: int,
@@ -29,11 +32,7 @@ class OpenAIError(Exception):
         type: str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
+        super().__init__(status, message, param=param, code=code)
         self.type = type
         self.headers = headers or {}
 

@@ -6,6 +6,7 @@ revoked or expired key is 401; a key of the wrong kind or of a suspended/deleted
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -43,23 +44,23 @@ async def authenticate_request(request: Request) -> AuthenticatedKey:
     return key
 
 
-async def require_inference_key(request: Request) -> AuthenticatedKey:
-    key = await authenticate_request(request)
-    if key.kind != "inference":
-        raise OpenAIError(
-            403, "This endpoint needs an inference key; admin keys cannot call models.", code="wrong_key_kind"
-        )
-    return key
+def _require_kind(kind: str, refusal: str) -> Callable[[Request], Awaitable[AuthenticatedKey]]:
+    async def require(request: Request) -> AuthenticatedKey:
+        key = await authenticate_request(request)
+        if key.kind != kind:
+            raise OpenAIError(403, refusal, code="wrong_key_kind")
+        return key
+
+    require.__name__ = f"require_{kind}_key"
+    return require
 
 
-async def require_admin_key(request: Request) -> AuthenticatedKey:
-    key = await authenticate_request(request)
-    if key.kind != "admin":
-        raise OpenAIError(
-            403, "This endpoint needs an admin key; inference keys cannot use /admin.", code="wrong_key_kind"
-        )
-    return key
-
+require_inference_key = _require_kind(
+    "inference", "This endpoint needs an inference key; admin keys cannot call models."
+)
+require_admin_key = _require_kind(
+    "admin", "This endpoint needs an admin key; inference keys cannot use /admin."
+)
 
 InferenceKey = Annotated[AuthenticatedKey, Depends(require_inference_key)]
 AdminKey = Annotated[AuthenticatedKey, Depends(require_admin_key)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -42,23 +43,59 @@ async def _key(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) -> Api
     return key
 
 
-def _tenant_out(tenant_id: uuid.UUID, row: TenantLimits | None) -> TenantLimitsOut:
-    if row is None:
-        return TenantLimitsOut(tenant_id=str(tenant_id))
-    body = {c: getattr(row, c) for c in TenantLimitsBody.model_fields}
-    return TenantLimitsOut(tenant_id=str(tenant_id), **body)
+LimitsOut = TypeVar("LimitsOut", TenantLimitsOut, KeyLimitsOut)
 
 
-def _key_out(key_id: uuid.UUID, row: KeyLimits | None) -> KeyLimitsOut:
+def _out(
+    out_cls: type[LimitsOut], owner: str, owner_id: uuid.UUID, row: TenantLimits | KeyLimits | None
+) -> LimitsOut:
+    """The API view of a limits row (``owner`` is ``tenant_id`` or ``key_id``); no row means no limits."""
+    values = {} if row is None else {f: getattr(row, f) for f in out_cls.model_fields if f != owner}
+    return out_cls(**{owner: str(owner_id)}, **values)
+
+
+async def _save(
+    session: AsyncSession,
+    *,
+    actor: Actor,
+    row_cls: type[TenantLimits] | type[KeyLimits],
+    out_cls: type[LimitsOut],
+    owner: str,
+    owner_id: uuid.UUID,
+    tenant_id: uuid.UUID | None,
+    body: TenantLimitsBody | KeyLimitsBody,
+) -> LimitsOut:
+    """Create or replace a limits row and audit the change, in one transaction."""
+    row = await session.get(row_cls, owner_id)
+    before = _out(out_cls, owner, owner_id, row).model_dump(mode="json") if row else None
+    values = body.model_dump(mode="python")
+    values["model_limits"] = body.model_dump(mode="json", exclude_none=True)["model_limits"]
     if row is None:
-        return KeyLimitsOut(key_id=str(key_id))
-    body = {c: getattr(row, c) for c in KeyLimitsBody.model_fields}
-    return KeyLimitsOut(key_id=str(key_id), **body)
+        row = row_cls(**{owner: owner_id}, **values)
+        session.add(row)
+    else:
+        for name, value in values.items():
+            setattr(row, name, value)
+    row.updated_at = datetime.now(UTC)
+    after = _out(out_cls, owner, owner_id, row)
+    kind = owner.removesuffix("_id")
+    record(
+        session,
+        actor=actor,
+        tenant_id=tenant_id,
+        action=f"{kind}_limits.update",
+        object_type=f"{kind}_limits",
+        object_id=owner_id,
+        before=before,
+        after=after.model_dump(mode="json"),
+    )
+    await session.commit()
+    return after
 
 
 async def get_tenant_limits(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID) -> TenantLimitsOut:
     await _tenant(session, actor=actor, tenant_id=tenant_id)
-    return _tenant_out(tenant_id, await session.get(TenantLimits, tenant_id))
+    return _out(TenantLimitsOut, "tenant_id", tenant_id, await session.get(TenantLimits, tenant_id))
 
 
 async def put_tenant_limits(
@@ -66,35 +103,21 @@ async def put_tenant_limits(
 ) -> TenantLimitsOut:
     _platform_only(actor)
     await _tenant(session, actor=actor, tenant_id=tenant_id)
-    row = await session.get(TenantLimits, tenant_id)
-    before = _tenant_out(tenant_id, row).model_dump(mode="json") if row else None
-    values = body.model_dump(mode="python")
-    values["model_limits"] = body.model_dump(mode="json", exclude_none=True)["model_limits"]
-    if row is None:
-        row = TenantLimits(tenant_id=tenant_id, **values)
-        session.add(row)
-    else:
-        for name, value in values.items():
-            setattr(row, name, value)
-    row.updated_at = datetime.now(UTC)
-    after = _tenant_out(tenant_id, row)
-    record(
+    return await _save(
         session,
         actor=actor,
+        row_cls=TenantLimits,
+        out_cls=TenantLimitsOut,
+        owner="tenant_id",
+        owner_id=tenant_id,
         tenant_id=tenant_id,
-        action="tenant_limits.update",
-        object_type="tenant_limits",
-        object_id=tenant_id,
-        before=before,
-        after=after.model_dump(mode="json"),
+        body=body,
     )
-    await session.commit()
-    return after
 
 
 async def get_key_limits(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) -> KeyLimitsOut:
     await _key(session, actor=actor, key_id=key_id)
-    return _key_out(key_id, await session.get(KeyLimits, key_id))
+    return _out(KeyLimitsOut, "key_id", key_id, await session.get(KeyLimits, key_id))
 
 
 async def put_key_limits(
@@ -102,27 +125,13 @@ async def put_key_limits(
 ) -> KeyLimitsOut:
     _platform_only(actor)
     key = await _key(session, actor=actor, key_id=key_id)
-    row = await session.get(KeyLimits, key_id)
-    before = _key_out(key_id, row).model_dump(mode="json") if row else None
-    values = body.model_dump(mode="python")
-    values["model_limits"] = body.model_dump(mode="json", exclude_none=True)["model_limits"]
-    if row is None:
-        row = KeyLimits(key_id=key_id, **values)
-        session.add(row)
-    else:
-        for name, value in values.items():
-            setattr(row, name, value)
-    row.updated_at = datetime.now(UTC)
-    after = _key_out(key_id, row)
-    record(
+    return await _save(
         session,
         actor=actor,
+        row_cls=KeyLimits,
+        out_cls=KeyLimitsOut,
+        owner="key_id",
+        owner_id=key_id,
         tenant_id=key.tenant_id,
-        action="key_limits.update",
-        object_type="key_limits",
-        object_id=key_id,
-        before=before,
-        after=after.model_dump(mode="json"),
+        body=body,
     )
-    await session.commit()
-    return after

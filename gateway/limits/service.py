@@ -204,21 +204,20 @@ class RateLimiter:
     def _raise_denial(self, denial: Denial, admission: Admission, now: datetime) -> None:
         scope, reserve = denial.scope, admission.reserved_tokens
         retry = retry_after_seconds(denial.retry_after_ms)
-        if denial.reason == "rpm":
-            headers = rate_limit_headers(WindowState(scope.rpm or 0, 0, denial.retry_after_ms), None)
-            message = (
-                f"Rate limit reached for {scope.label}: {scope.rpm} requests per minute. "
-                f"Try again in {retry} s."
+        if denial.reason in ("rpm", "tpm"):
+            exhausted = WindowState(
+                (scope.rpm if denial.reason == "rpm" else scope.tpm) or 0, 0, denial.retry_after_ms
             )
-            raise OpenAIError(
-                429, message, code="rate_limit_exceeded", headers={"retry-after": retry, **headers}
-            )
-        if denial.reason == "tpm":
-            headers = rate_limit_headers(None, WindowState(scope.tpm or 0, 0, denial.retry_after_ms))
-            message = (
-                f"Rate limit reached for {scope.label}: {scope.tpm} tokens per minute; this request reserves "
-                f"{reserve} tokens (prompt plus max_tokens). Try again in {retry} s."
-            )
+            if denial.reason == "rpm":
+                headers = rate_limit_headers(exhausted, None)
+                what = f"{scope.rpm} requests per minute"
+            else:
+                headers = rate_limit_headers(None, exhausted)
+                what = (
+                    f"{scope.tpm} tokens per minute; this request reserves {reserve} tokens "
+                    "(prompt plus max_tokens)"
+                )
+            message = f"Rate limit reached for {scope.label}: {what}. Try again in {retry} s."
             raise OpenAIError(
                 429, message, code="rate_limit_exceeded", headers={"retry-after": retry, **headers}
             )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from datetime import date
 from decimal import Decimal
 
@@ -187,6 +188,25 @@ async def wait_until(predicate, within_s: float = 10.0) -> None:  # type: ignore
         await asyncio.sleep(0.05)
 
 
+@asynccontextmanager
+async def redis_restarted(port: int, limiter: RateLimiter, limits: RequestLimits) -> AsyncIterator[None]:
+    """Start Redis again on its old port and wait until the limiter is back on it."""
+    restarted = RedisServer(port=port).start()
+    try:
+
+        async def back() -> bool:
+            try:
+                return (await limiter.admit(limits=limits, reserve=1)).backend == "redis"
+            except OpenAIError:
+                return False
+
+        await wait_until(back)
+        yield
+    finally:
+        await limiter.redis.aclose()
+        restarted.stop()
+
+
 async def test_redis_outage_fail_closed_then_recovers(own_redis: RedisServer) -> None:
     client = create_limits_redis(own_redis.url())
     limiter = make_limiter(client, redis_retry_s=0.2)
@@ -200,19 +220,8 @@ async def test_redis_outage_fail_closed_then_recovers(own_redis: RedisServer) ->
     assert refused.value.status == 503 and "fail closed" in refused.value.message
     assert refused.value.headers["retry-after"]
 
-    restarted = RedisServer(port=port).start()
-    try:
-
-        async def back() -> bool:
-            try:
-                return (await limiter.admit(limits=limits, reserve=1)).backend == "redis"
-            except OpenAIError:
-                return False
-
-        await wait_until(back)
-    finally:
-        await client.aclose()
-        restarted.stop()
+    async with redis_restarted(port, limiter, limits):
+        pass
 
 
 async def test_redis_outage_fail_open_uses_a_local_share_then_recovers(own_redis: RedisServer) -> None:
@@ -225,19 +234,7 @@ async def test_redis_outage_fail_open_uses_a_local_share_then_recovers(own_redis
     admitted, denied = await admit_many(limiter, limits, 30)
     assert (admitted, denied) == (10, 20)  # 40 rpm / 4 replicas, never unlimited
 
-    restarted = RedisServer(port=port).start()
-    try:
-
-        async def back() -> bool:
-            try:
-                return (await limiter.admit(limits=limits, reserve=1)).backend == "redis"
-            except OpenAIError:
-                return False
-
-        await wait_until(back)
+    async with redis_restarted(port, limiter, limits):
         # Back on the shared window: Redis (restarted empty) now counts from scratch, to 40.
         admitted, _ = await admit_many(limiter, limits, 60)
         assert admitted == 39
-    finally:
-        await client.aclose()
-        restarted.stop()

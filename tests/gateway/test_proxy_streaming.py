@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fake_engine import REPLY, FakeEngine
+from fake_engine import REPLY, FakeEngine, Mode
 from live_server import ServerThread, create_inference_key
 
 from gateway.app import create_app
@@ -157,15 +157,22 @@ def test_stream_with_usage_and_text_completions(
     assert outcome.stream and outcome.status == 200 and outcome.completion_tokens == 3
 
 
+def stream_with_engine_in(
+    mode: Mode, http: httpx.Client, fake_engine: FakeEngine
+) -> tuple[httpx.Response, list]:
+    """One whole streamed chat completion from an ungated engine misbehaving in ``mode``."""
+    assert fake_engine.gate is not None
+    fake_engine.gate.set()
+    fake_engine.mode = mode
+    response = http.post("/v1/chat/completions", json=CHAT)
+    return response, list(data_events(iter(response.text.splitlines())))
+
+
 def test_engine_failure_mid_stream_becomes_an_error_event(
     http: httpx.Client, fake_engine: FakeEngine, outcomes: Outcomes
 ) -> None:
-    assert fake_engine.gate is not None
-    fake_engine.gate.set()
-    fake_engine.mode = "error_midstream"
-    response = http.post("/v1/chat/completions", json=CHAT)
+    response, events = stream_with_engine_in("error_midstream", http, fake_engine)
     assert response.status_code == 200  # the stream had begun
-    events = list(data_events(iter(response.text.splitlines())))
     assert events[-1] == "[DONE]"
     error = events[-2]["error"]
     assert error["code"] == "engine_error" and error["message"]
@@ -178,11 +185,7 @@ def test_engine_failure_mid_stream_becomes_an_error_event(
 def test_stream_that_ends_without_a_last_frame(
     http: httpx.Client, fake_engine: FakeEngine, outcomes: Outcomes
 ) -> None:
-    assert fake_engine.gate is not None
-    fake_engine.gate.set()
-    fake_engine.mode = "truncate"
-    response = http.post("/v1/chat/completions", json=CHAT)
-    events = list(data_events(iter(response.text.splitlines())))
+    response, events = stream_with_engine_in("truncate", http, fake_engine)
     assert events[-2]["error"]["code"] == "engine_stream_broken" and events[-1] == "[DONE]"
     assert chat_text(events[:-2]) == "".join(REPLY[:2])
     outcome = outcomes.wait_one()
