@@ -5,7 +5,8 @@ costs a connection checkout, a write and a read of its own; under load most of a
 Redis time is that overhead. Here a call only queues its script and arguments; a flush task
 (started when the first call of a turn arrives) sends everything queued as one non-transactional
 pipeline of EVALSHAs and hands each caller its own reply, so 64 concurrent requests cost one
-round trip instead of 64. A lone request still costs one round trip. Each script stays atomic on
+round trip instead of 64. A lone request still costs one round trip, and never waits for another
+batch to come back first. Each script stays atomic on
 its own; batching only shares the connection and the network round trip.
 """
 
@@ -28,23 +29,29 @@ class ScriptBatcher:
         self.redis = redis
         self.max_batch = max_batch
         self._queue: list[_Call] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._flushes: set[asyncio.Task[None]] = set()
+        self._flush_pending = False
+        """A flush task has been started but has not taken the queue yet."""
 
     async def call(self, script: AsyncScript, *, keys: Sequence[str], args: Sequence[int | str]) -> object:
         """The script's reply, or the error Redis (or the connection) raised for it."""
-        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[object] = loop.create_future()
         self._queue.append((script, keys, args, future))
-        if self._flusher is None:
-            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        if not self._flush_pending:
+            # Batches do not wait for each other: a call never queues behind another batch's
+            # round trip (each in-flight batch has its own pooled connection).
+            self._flush_pending = True
+            task = loop.create_task(self._flush())
+            self._flushes.add(task)
+            task.add_done_callback(self._flushes.discard)
         return await future
 
     async def _flush(self) -> None:
-        try:
-            while self._queue:
-                batch, self._queue = self._queue[: self.max_batch], self._queue[self.max_batch :]
-                await self._send(batch)
-        finally:
-            self._flusher = None
+        self._flush_pending = False
+        batch, self._queue = self._queue, []
+        for start in range(0, len(batch), self.max_batch):
+            await self._send(batch[start : start + self.max_batch])
 
     async def _send(self, batch: list[_Call]) -> None:
         try:
