@@ -61,3 +61,39 @@ async def test_a_forgotten_script_is_loaded_again(redis_client: Redis) -> None:
     await redis_client.script_flush()
     replies = await asyncio.gather(*(batcher.call(script, keys=["n"], args=[1]) for _ in range(3)))
     assert sorted(replies) == [6, 7, 8]
+
+
+async def test_a_call_does_not_wait_for_a_batch_in_flight(redis_client: Redis) -> None:
+    """A later call goes out in its own pipeline at once, not after the earlier batch's reply."""
+    busy = redis_client.register_script("for i = 1, tonumber(ARGV[1]) do end return 1")  # holds Redis a while
+    quick = redis_client.register_script("return 2")
+    await busy(keys=[], args=[1])
+    await quick(keys=[], args=[])
+    batcher = ScriptBatcher(redis_client)
+    in_flight, most = 0, 0
+    sent = asyncio.Event()
+    original_pipeline = redis_client.pipeline
+
+    def tracking_pipeline(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        pipe = original_pipeline(*args, **kwargs)
+        execute = pipe.execute
+
+        async def tracked_execute(*a: object, **k: object) -> list[object]:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            sent.set()
+            try:
+                return await execute(*a, **k)
+            finally:
+                in_flight -= 1
+
+        pipe.execute = tracked_execute  # type: ignore[method-assign]
+        return pipe
+
+    redis_client.pipeline = tracking_pipeline  # type: ignore[method-assign]
+    slow = asyncio.ensure_future(batcher.call(busy, keys=[], args=[5_000_000]))
+    await sent.wait()  # the first batch is on the wire
+    assert await batcher.call(quick, keys=[], args=[]) == 2
+    assert await slow == 1
+    assert most == 2
