@@ -89,10 +89,13 @@ class RequestContextMiddleware:
 
         try:
             declared = _header(scope, b"content-length")
-            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
-                error = OpenAIError(413, _too_large(self.max_body_bytes))
-                await error.response()(scope, receive, send_with_id)
-            else:
+            if declared is not None and declared.isdigit():
+                if int(declared) > self.max_body_bytes:
+                    error = OpenAIError(413, _too_large(self.max_body_bytes))
+                    await error.response()(scope, receive, send_with_id)
+                else:  # the HTTP server never delivers more than the declared length
+                    await self.app(scope, receive, send_with_id)
+            else:  # chunked: count while reading
                 await self.app(scope, limited_receive, send_with_id)
         except Exception:
             error_log.exception("unhandled error")
