@@ -1,9 +1,9 @@
 """The ``tern`` command.
 
 ``tern gateway`` serves the gateway, ``tern migrate`` upgrades the database, ``tern admin ...``
-manages tenants and keys directly in the database, ``tern engine ...`` runs an engine and
-``tern up`` starts the whole local stack. Heavy modules (torch via the engine) load only for the
-subcommand that needs them.
+manages tenants and keys directly in the database, ``tern engine ...`` runs an engine,
+``tern quantize ...`` writes an INT4 checkpoint and ``tern up`` starts the whole local stack.
+Heavy modules (torch via the engine) load only for the subcommand that needs them.
 """
 
 from __future__ import annotations
@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 DELEGATED = {
     "engine": ("engine.cli", "run an inference engine (arguments go to the engine)"),
+    "quantize": ("engine.quantize", "write an INT4 (AWQ or RTN) checkpoint the engine loads directly"),
     "up": ("gateway.stack", "start Postgres, Redis, an engine and the gateway locally"),
     "bench": ("gateway.bench.cli", "gateway benchmarks, e.g. `tern bench gateway` (prints JSON)"),
 }
