@@ -11,19 +11,14 @@ import torch
 from torch import nn
 from transformers.integrations.bitnet import pack_weights as hf_pack_bitnet
 
+from engine.layers.quant.awq import ScaleGroup, apply_awq_scales, search_awq_scales
 from engine.layers.quant.formats import (
     bitnet_packed_from_ternary,
     int4_from_awq_gemm,
     int4_from_gguf,
     ternary_from_bitnet,
 )
-from engine.layers.quant.quantizers import (
-    ScaleGroup,
-    absmean_ternarize,
-    apply_awq_scales,
-    rtn_quantize,
-    search_awq_scales,
-)
+from engine.layers.quant.quantizers import absmean_ternarize, rtn_quantize
 
 
 def autoawq_pack(intweight: torch.Tensor) -> torch.Tensor:
