@@ -19,11 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
+from credentials import TEST_ADMIN_KEY, TEST_SECRET, CreateTenantAndKey
 from fake_engine import FakeEngine
 from fastapi import FastAPI
 
@@ -31,11 +32,7 @@ from gateway.app import create_app
 from gateway.config import Settings
 from gateway.local_services import free_port
 
-TEST_SECRET = "test-secret-for-hmac-0123456789abcdef"
-TEST_ADMIN_KEY = "test-bootstrap-admin-key-0123456789abcdef"
 _tenant_counter = itertools.count()
-
-CreateTenantAndKey = Callable[..., Awaitable[tuple[dict[str, Any], str, str]]]
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -99,10 +96,6 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 def admin_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {TEST_ADMIN_KEY}"}
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture

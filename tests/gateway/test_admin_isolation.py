@@ -6,8 +6,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from tests.gateway.conftest import CreateTenantAndKey, bearer
+from credentials import CreateTenantAndKey, bearer
 
 pytestmark = pytest.mark.anyio
 

@@ -6,8 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-
-from tests.gateway.conftest import bearer
+from credentials import bearer
 
 pytestmark = pytest.mark.anyio
 

@@ -6,9 +6,9 @@ import asyncio
 
 import httpx
 import pytest
+from credentials import CreateTenantAndKey, bearer
 
 from gateway.keys.format import generate_key
-from tests.gateway.conftest import CreateTenantAndKey, bearer
 
 pytestmark = pytest.mark.anyio
 
@@ -78,8 +78,9 @@ async def test_suspended_and_deleted_tenants_keys_are_403_and_resume_works(
 async def test_bootstrap_admin_key_is_registered_once(
     client: httpx.AsyncClient, admin_headers: dict[str, str], app
 ) -> None:
+    from credentials import TEST_ADMIN_KEY
+
     from gateway.keys.service import bootstrap_admin_key
-    from tests.gateway.conftest import TEST_ADMIN_KEY
 
     secret = app.state.settings.secret_bytes()
     assert not await bootstrap_admin_key(app.state.sessionmaker, admin_key=TEST_ADMIN_KEY, secret=secret)

@@ -7,9 +7,9 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from credentials import CreateTenantAndKey, bearer
 
 from gateway.keys.format import has_valid_checksum, key_kind
-from tests.gateway.conftest import CreateTenantAndKey, bearer
 
 pytestmark = pytest.mark.anyio
 

@@ -11,8 +11,7 @@ import time
 from collections.abc import Callable
 
 import httpx
-
-from tests.gateway.conftest import TEST_ADMIN_KEY, bearer
+from credentials import TEST_ADMIN_KEY, bearer
 
 REVOCATION_BOUND_S = 1.0
 

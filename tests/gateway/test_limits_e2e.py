@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+from credentials import bearer
 from fake_engine import REPLY, FakeEngine
 
 from gateway.config import Settings
@@ -20,10 +21,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines]
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 50}
 PROMPT_TOKENS = 2  # the fake engine counts words
 TOKENS_PER_REQUEST = PROMPT_TOKENS + len(REPLY)
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 async def test_two_gateway_processes_admit_exactly_the_limit(

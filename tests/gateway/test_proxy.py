@@ -6,11 +6,11 @@ Streaming and disconnects need a real socket on the client side too: see test_pr
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
 import pytest
+from credentials import CreateTenantAndKey, bearer
 from fake_engine import REPLY, FakeEngine
 from fastapi import FastAPI
 
@@ -18,13 +18,7 @@ from gateway.proxy.relay import RelayOutcome
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines(count=2)]
 
-CreateTenantAndKey = Callable[..., Awaitable[tuple[dict[str, Any], str, str]]]
-
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}]}
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {secret}"}
 
 
 @pytest.fixture

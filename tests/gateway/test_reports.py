@@ -16,6 +16,7 @@ from decimal import Decimal
 import anyio
 import httpx
 import pytest
+from credentials import bearer
 from fastapi import FastAPI
 
 from gateway.reports.schemas import METRICS
@@ -32,10 +33,6 @@ PRICES = {  # model -> (from day, prompt, cached, completion) per 1M tokens
     ],
     "m-b": [(TODAY - timedelta(days=30), "3", "1.5", "15.0000000001")],
 }
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 def price_on(model: str, day: date) -> tuple[Decimal, Decimal, Decimal] | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TEST_ADMIN_KEY, TEST_SECRET
+from credentials import TEST_ADMIN_KEY, TEST_SECRET
 from fake_engine import REPLY, FakeEngine
 from live_server import ServerThread, create_inference_key
 from sqlalchemy import text
