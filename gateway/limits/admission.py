@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import TypeVar
 
 import anyio
-from fastapi import Request, Response
 
 from engine.openai_protocol import ChatCompletionRequest, OpenAIRequest
 from gateway.keys.auth import AuthenticatedKey
@@ -24,6 +24,8 @@ from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.proxy.relay import RelayOutcome
 from gateway.reports.pricing import PriceBook
+
+T = TypeVar("T")
 
 BYTES_PER_TOKEN = 4
 """The gateway has no tokenizer; a prompt is estimated at 4 bytes a token and settled exactly later."""
@@ -120,26 +122,24 @@ class RequestLimiter:
 
 
 async def dispatch_limited(
-    request: Request,
+    limiter: RequestLimiter | None,
     *,
     key: AuthenticatedKey,
     openai_request: OpenAIRequest,
     request_id: str,
-    dispatch: Callable[[], Awaitable[Response]],
-) -> Response:
-    """Admit, dispatch, and put the rate-limit headers on the response.
+    dispatch: Callable[[Mapping[str, str]], Awaitable[T]],
+) -> T:
+    """Admit, then ``dispatch(headers)`` with the rate-limit headers for its response.
 
-    Without a limiter on ``app.state`` (limits not started) this is just ``dispatch()``.
+    A dispatch that fails releases the admission. Without a limiter (limits not started) this is
+    just ``dispatch({})``.
     """
-    limiter: RequestLimiter | None = getattr(request.app.state, "request_limiter", None)
     if limiter is None:
-        return await dispatch()
+        return await dispatch({})
     admission = await limiter.admit(key=key, request=openai_request, request_id=request_id)
     try:
-        response = await dispatch()
+        return await dispatch(admission.headers())
     except BaseException:
         with anyio.CancelScope(shield=True):
             await limiter.release(admission, request_id=request_id, key_id=str(key.key_id))
         raise
-    response.headers.update(admission.headers())
-    return response

@@ -69,27 +69,30 @@ class RequestLimits:
     """Everything admission needs to know about one request's key.
 
     Built once per key, model and cache period (``LimitPolicies``) and shared by its requests, so
-    the script's keys and limit arguments are worked out once, not per request.
+    the script's keys and limit arguments are worked out, and encoded for Redis, once, not per
+    request.
     """
 
     scopes: tuple[Scope, ...]
     failure_policy: FailurePolicy
-    _keys_by_month: dict[str, list[str]] = field(default_factory=dict, compare=False, repr=False)
-    _limit_args: list[int] = field(default_factory=list, compare=False, repr=False)
+    _keys_by_month: dict[str, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
+    _limit_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
 
-    def redis_keys(self, month: str) -> list[str]:
+    def redis_keys(self, month: str) -> list[bytes]:
         """Every scope's keys, in the scripts' order."""
         keys = self._keys_by_month.get(month)
         if keys is None:
             if len(self._keys_by_month) > 2:  # only this month and the next matter
                 self._keys_by_month.clear()
-            keys = self._keys_by_month[month] = [k for s in self.scopes for k in s.redis_keys(month)]
+            keys = [k.encode() for s in self.scopes for k in s.redis_keys(month)]
+            self._keys_by_month[month] = keys
         return keys
 
-    def limit_args(self) -> list[int]:
-        """Every scope's limits, in admit.lua's order."""
-        if not self._limit_args and self.scopes:
-            self._limit_args.extend(a for s in self.scopes for a in s.script_args())
+    def limit_args(self) -> list[bytes]:
+        """The number of scopes, then every scope's limits, in admit.lua's order."""
+        if not self._limit_args:
+            self._limit_args.append(str(len(self.scopes)).encode())
+            self._limit_args.extend(str(a).encode() for s in self.scopes for a in s.script_args())
         return self._limit_args
 
 

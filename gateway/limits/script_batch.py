@@ -21,7 +21,8 @@ from redis.exceptions import NoScriptError
 
 MAX_BATCH = 256
 
-_Call = tuple[AsyncScript, Sequence[str], Sequence[int | str], asyncio.Future[object]]
+Arg = int | str | bytes
+_Call = tuple[AsyncScript, Sequence[Arg], Sequence[Arg], asyncio.Future[object]]
 
 
 class ScriptBatcher:
@@ -33,7 +34,7 @@ class ScriptBatcher:
         self._flush_pending = False
         """A flush task has been started but has not taken the queue yet."""
 
-    async def call(self, script: AsyncScript, *, keys: Sequence[str], args: Sequence[int | str]) -> object:
+    async def call(self, script: AsyncScript, *, keys: Sequence[Arg], args: Sequence[Arg]) -> object:
         """The script's reply, or the error Redis (or the connection) raised for it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()

@@ -135,31 +135,31 @@ class RateLimiter:
     async def _admit_redis(self, admission: Admission, now: datetime) -> None:
         scopes = admission.limits.scopes
         keys = admission.limits.redis_keys(admission.month)
-        args: list[int | str] = [
+        args: list[int | str | bytes] = [
             admission.admission_id,
             admission.reserved_tokens,
             int(self.settings.window_s * 1000),
             int(self.settings.slot_ttl_s * 1000),
-            len(scopes),
+            *admission.limits.limit_args(),  # the number of scopes, then their limits
         ]
-        args += admission.limits.limit_args()
         for _ in range(len(scopes) + 1):
             reply = await self._scripts.call(self._admit, keys=keys, args=args)
-            result = [_text(v) for v in reply]  # type: ignore[attr-defined]
-            if result[0] == "seed":
-                await self._seed_budget(scopes[int(result[1]) - 1], admission.month)
+            fields: list[bytes] = reply.split()  # type: ignore[attr-defined]  # admit.lua's reply
+            outcome = fields[0]
+            if outcome == b"seed":
+                await self._seed_budget(scopes[int(fields[1]) - 1], admission.month)
                 continue
-            if result[0] == "deny":
-                scope = scopes[int(result[1]) - 1]
-                self._raise_denial(Denial(scope, result[2], int(result[3])), admission, now)
-            self._read_ok(result, admission)
+            if outcome == b"deny":
+                scope = scopes[int(fields[1]) - 1]
+                self._raise_denial(Denial(scope, fields[2].decode(), int(fields[3])), admission, now)
+            self._read_ok(fields, admission)
             return
         raise RuntimeError("budget counters could not be seeded")  # pragma: no cover
 
-    def _read_ok(self, result: list[str], admission: Admission) -> None:
+    def _read_ok(self, fields: list[bytes], admission: Admission) -> None:
         for i, scope in enumerate(admission.limits.scopes):
             rpm, req_left, req_reset, tpm, tok_left, tok_reset, tok_used, spend_used = (
-                int(v) for v in result[2 + 8 * i : 10 + 8 * i]
+                int(v) for v in fields[2 + 8 * i : 10 + 8 * i]
             )
             if rpm >= 0 and (admission.requests is None or req_left < admission.requests.remaining):
                 admission.requests = WindowState(rpm, req_left, req_reset)
@@ -263,18 +263,21 @@ class RateLimiter:
             return
         keys = admission.limits.redis_keys(admission.month)
         try:
-            args = [admission.admission_id, tokens, to_nano(spend), len(scopes)]
+            args = [admission.admission_id, tokens, to_nano(spend) if spend else 0, len(scopes)]
             await self._scripts.call(self._settle, keys=keys, args=args)
         except REDIS_DOWN_ERRORS as exc:  # the reservation and the slot expire on their own
             self._mark_redis_down(exc)
         self._count_budget_locally(admission, tokens, spend)
 
     def _count_budget_locally(self, admission: Admission, tokens: int, spend: Decimal) -> None:
+        spend_nano = to_nano(spend) if spend else 0
         for scope in admission.limits.scopes:
+            if not scope.has_budget:
+                continue
             seen_key = (scope.name, admission.month)
-            if scope.has_budget and seen_key in self._budget_seen:
-                t, s = self._budget_seen[seen_key]
-                self._budget_seen[seen_key] = (t + tokens, s + to_nano(spend))
+            seen = self._budget_seen.get(seen_key)
+            if seen is not None:
+                self._budget_seen[seen_key] = (seen[0] + tokens, seen[1] + spend_nano)
 
     def settle_soon(self, admission: Admission, *, tokens: int, spend: Decimal = Decimal(0)) -> None:
         """Settle from a cleanup path that cannot await (a cancelled stream); tracked for drain()."""
@@ -291,7 +294,3 @@ class RateLimiter:
         """Wait for settlements still in flight (shutdown)."""
         if self._pending:
             await asyncio.gather(*list(self._pending), return_exceptions=True)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

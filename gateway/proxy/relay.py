@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -313,18 +313,28 @@ class Relay:
         self.outcome.status = status  # the client's status, not the drained frame's
 
 
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_STREAM_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
 class RelayResponse(Response):
     """Writes a relay to the client (SSE or JSON) and runs ``Relay.finish`` however it ends."""
 
-    def __init__(self, relay: Relay, *, request_id: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, relay: Relay, *, request_id: str, headers: Mapping[str, str] | None = None) -> None:
         self.relay = relay
         self.stream = relay.openai_request.stream
         self.request_id = request_id
         self.status_code = 200
         self.background = None
-        self.media_type = "text/event-stream" if self.stream else "application/json"
-        stream_headers = {"cache-control": "no-cache", "x-accel-buffering": "no"} if self.stream else {}
-        self.init_headers(stream_headers | (headers or {}))
+        extra = [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in (headers or {}).items()
+        ]
+        self.raw_headers = [*(_STREAM_HEADERS if self.stream else _JSON_HEADERS), *extra]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # A plain asyncio task watches for the client leaving and cancels this one (an anyio task

@@ -1,12 +1,22 @@
-"""The OpenAI-compatible routes, for inference keys only."""
+"""The OpenAI-compatible routes, for inference keys only.
+
+``GET /v1/models`` is an ordinary FastAPI route. The two generation routes are the gateway's hot
+path, so they are plain ASGI endpoints (:class:`GenerateEndpoint`) that the app serves on its
+direct lane (``gateway.app.GatewayApp``), without FastAPI's middleware stack, routing and
+dependency solving. They do the same checks, in the same order, with the same errors.
+"""
 
 from __future__ import annotations
 
-from functools import partial
+from collections.abc import Mapping
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import Response
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from engine.openai_protocol import (
     ChatCompletionRequest,
@@ -17,10 +27,11 @@ from engine.openai_protocol import (
 )
 from engine.protocol import ModelList
 from gateway.errors import OpenAIError
-from gateway.keys.deps import AuthenticatedKey, InferenceKey
+from gateway.keys.deps import InferenceKey, authenticate_kind
 from gateway.limits.admission import dispatch_limited
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.relay import RelayResponse
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
@@ -33,53 +44,82 @@ async def get_engine_pool(request: Request) -> EnginePool:
 Pool = Annotated[EnginePool, Depends(get_engine_pool)]
 
 
-async def read_request(request: Request, request_cls: type[RequestT]) -> RequestT:
-    """The validated body; a bad one is a 400. Oversize bodies are refused (413) by the request middleware."""
-    try:
-        return parse_request(request_cls, await request.body())
-    except OpenAIRequestError as exc:
-        raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
-
-
 @router.get("/models")
 async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
     return service.list_models(pool=pool, key=key)
 
 
-@router.post("/chat/completions")
-async def chat_completions(request: Request, key: InferenceKey) -> Response:
-    return await generate(request, key=key, request_cls=ChatCompletionRequest, endpoint="chat.completions")
+async def read_body(receive: Receive) -> bytes:
+    """The whole request body. Its size is limited by the request envelope (``gateway.ops.middleware``)."""
+    body = b""
+    more_body = True
+    while more_body:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect
+        body += message.get("body", b"")
+        more_body = message.get("more_body", False)
+    return body
 
 
-@router.post("/completions")
-async def completions(request: Request, key: InferenceKey) -> Response:
-    return await generate(request, key=key, request_cls=CompletionRequest, endpoint="completions")
+def read_request(request_cls: type[RequestT], body: bytes) -> RequestT:
+    """The validated body; a bad one is a 400."""
+    try:
+        return parse_request(request_cls, body)
+    except OpenAIRequestError as exc:
+        raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
 
 
-async def generate(
-    request: Request,
-    *,
-    key: AuthenticatedKey,
-    request_cls: type[ChatCompletionRequest] | type[CompletionRequest],
-    endpoint: str,
-) -> Response:
-    """Validate, check the key's model scope, admit under the limits, then dispatch to an engine."""
-    openai_request = await read_request(request, request_cls)
-    # Before the limits, so a refused model costs no quota.
-    service.ensure_model_allowed(key=key, model=openai_request.model)
-    request_id: str = request.state.request_id
-    state = request.app.state
-    dispatch = partial(
-        service.dispatch,
-        pool=state.engine_pool,
-        openai_request=openai_request,
-        endpoint=endpoint,
-        key=key,
-        request_id=request_id,
-        # Run with the finished request's RelayOutcome; other domains add theirs at start-up.
-        hooks=state.completion_hooks,
-    )
-    # Rate limits and budgets are checked before any engine work (gateway/limits).
-    return await dispatch_limited(
-        request, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
-    )
+class GenerateEndpoint:
+    """``POST /v1/chat/completions`` or ``POST /v1/completions``, as a plain ASGI app."""
+
+    def __init__(
+        self, request_cls: type[ChatCompletionRequest] | type[CompletionRequest], endpoint: str
+    ) -> None:
+        self.request_cls = request_cls
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            response = await self.generate(scope, receive)
+        except OpenAIError as exc:
+            response = exc.response()
+        except HTTPException as exc:  # 413: a chunked body over the limit (the request envelope)
+            response = OpenAIError(exc.status_code, str(exc.detail)).response()
+        await response(scope, receive, send)
+
+    async def generate(self, scope: Scope, receive: Receive) -> Response:
+        """Authenticate, validate, check the key's model scope, admit under the limits, then dispatch."""
+        key = await authenticate_kind(scope, "inference")
+        openai_request = read_request(self.request_cls, await read_body(receive))
+        # Before the limits, so a refused model costs no quota.
+        service.ensure_model_allowed(key=key, model=openai_request.model)
+        state = scope["app"].state
+        request_id: str = scope["state"]["request_id"]
+
+        async def dispatch(headers: Mapping[str, str]) -> RelayResponse:
+            return await service.dispatch(
+                pool=state.engine_pool,
+                openai_request=openai_request,
+                endpoint=self.endpoint,
+                key=key,
+                request_id=request_id,
+                # Run with the finished request's RelayOutcome; other domains add theirs at start-up.
+                hooks=state.completion_hooks,
+                headers=headers,
+            )
+
+        # Rate limits and budgets are checked before any engine work (gateway/limits).
+        limiter = getattr(state, "request_limiter", None)
+        return await dispatch_limited(
+            limiter, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
+        )
+
+
+generate_routes = [
+    Route(
+        "/v1/chat/completions", GenerateEndpoint(ChatCompletionRequest, "chat.completions"), methods=["POST"]
+    ),
+    Route("/v1/completions", GenerateEndpoint(CompletionRequest, "completions"), methods=["POST"]),
+]
+"""For ``GatewayApp.add_direct_route``."""

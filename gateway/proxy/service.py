@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from engine.openai_protocol import OpenAIRequest
 from engine.protocol import ModelList
@@ -36,8 +36,9 @@ async def dispatch(
     key: AuthenticatedKey,
     request_id: str,
     hooks: Sequence[CompletionHook],
+    headers: Mapping[str, str],
 ) -> RelayResponse:
-    """Start the generation on an engine and return the response that relays it.
+    """Start the generation on an engine and return the response that relays it, with ``headers``.
 
     The caller has checked the key's model scope (:func:`ensure_model_allowed`). Refusals
     (no engine, engine errors before the stream) raise OpenAIError after the hooks ran.
@@ -58,7 +59,7 @@ async def dispatch(
         hooks=[observe_upstream_metrics, *hooks],
     )
     await relay.open()
-    return RelayResponse(relay, request_id=request_id)
+    return RelayResponse(relay, request_id=request_id, headers=headers)
 
 
 async def observe_upstream_metrics(outcome: RelayOutcome) -> None:

@@ -6,6 +6,8 @@ Streaming and disconnects need a real socket on the client side too: see test_pr
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 from typing import Any
 
 import httpx
@@ -14,6 +16,7 @@ from credentials import CreateTenantAndKey, bearer
 from fake_engine import REPLY, FakeEngine
 from fastapi import FastAPI
 
+from gateway.logging import JsonFormatter
 from gateway.proxy.relay import RelayOutcome
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines(count=2)]
@@ -330,3 +333,28 @@ async def test_upstream_latency_is_exported(
     assert 'rpc="generate"' in line and 'outcome="ok"' in line
     previous = float(samples(before, engine)[0].split()[-1]) if samples(before, engine) else 0.0
     assert float(line.split()[-1]) == previous + 1
+
+
+async def test_generation_routes_keep_the_request_envelope(
+    client: httpx.AsyncClient,
+    create_tenant_and_key: CreateTenantAndKey,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The generation routes skip FastAPI's routing (gateway.app.GatewayApp), not its envelope:
+    access log and metrics by route template, with key and tenant; other methods are a 405."""
+    tenant, secret, key_id = await create_tenant_and_key()
+    with caplog.at_level(logging.INFO, logger="tern.access"):
+        response = await client.post(
+            "/v1/completions", json={"model": "fake-model", "prompt": "a b c"}, headers=bearer(secret)
+        )
+    assert response.status_code == 200, response.text
+    [record] = [r for r in caplog.records if r.name == "tern.access"]
+    line = json.loads(JsonFormatter().format(record))
+    assert line["request_id"] == response.headers["x-request-id"]
+    assert line["route"] == "/v1/completions" and line["status"] == 200
+    assert line["key_id"] == key_id and line["tenant_id"] == tenant["id"]
+    metrics = (await client.get("/metrics")).text
+    assert 'tern_http_requests_total{method="POST",route="/v1/completions",status="200"}' in metrics
+
+    error = assert_openai_error(await client.get("/v1/chat/completions", headers=bearer(secret)), 405)
+    assert error["type"] == "invalid_request_error"

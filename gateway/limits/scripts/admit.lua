@@ -8,16 +8,25 @@
 -- KEYS per scope (4): request log (zset rid -> admit ms), tokens (hash rid -> tokens, "__total"),
 --       slots (zset rid -> expiry ms), month (hash: tok, spend)
 --
--- Returns {"ok", now_ms, per scope: req_limit, req_remaining, req_reset_ms, tok_limit, tok_remaining,
--- tok_reset_ms, budget_tokens_used, budget_spend_used}
---      or {"deny", scope_index, reason, retry_after_ms}
---      or {"seed", scope_index}  when a budget counter for this month is missing (Python seeds it).
+-- Returns one string of space-separated fields (one bulk reply is much cheaper for the client to parse
+-- than an array of numbers):
+--         "ok now_ms" then per scope: req_limit req_remaining req_reset_ms tok_limit tok_remaining
+--                     tok_reset_ms budget_tokens_used budget_spend_used
+--      or "deny scope_index reason retry_after_ms"
+--      or "seed scope_index"  when a budget counter for this month is missing (Python seeds it).
 
 local rid = ARGV[1]
 local reserve = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local slot_ttl = tonumber(ARGV[4])
 local n = tonumber(ARGV[5])
+
+local function reply(fields)
+  for j, v in ipairs(fields) do
+    if type(v) == 'number' then fields[j] = string.format('%d', v) end
+  end
+  return table.concat(fields, ' ')
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -70,10 +79,10 @@ for i = 1, n do
 
   if tok_budget >= 0 or spend_budget >= 0 then
     local month = redis.call('HMGET', mkey, 'tok', 'spend')
-    if not month[1] then return {'seed', i} end
+    if not month[1] then return reply({'seed', i}) end
     s.tok_used, s.spend_used = tonumber(month[1]), tonumber(month[2] or 0)
-    if tok_budget >= 0 and s.tok_used >= tok_budget then return {'deny', i, 'token_budget', 0} end
-    if spend_budget >= 0 and s.spend_used >= spend_budget then return {'deny', i, 'spend_budget', 0} end
+    if tok_budget >= 0 and s.tok_used >= tok_budget then return reply({'deny', i, 'token_budget', 0}) end
+    if spend_budget >= 0 and s.spend_used >= spend_budget then return reply({'deny', i, 'spend_budget', 0}) end
   end
 
   if rpm >= 0 or tpm >= 0 then
@@ -86,17 +95,17 @@ for i = 1, n do
         local row = redis.call('ZRANGE', rkey, s.count - rpm, s.count - rpm, 'WITHSCORES')
         retry = tonumber(row[2]) + window - now
       end
-      return {'deny', i, 'rpm', retry}
+      return reply({'deny', i, 'rpm', retry})
     end
     if tpm >= 0 and s.total + reserve > tpm then
-      if reserve > tpm then return {'deny', i, 'tpm_too_large', 0} end
-      return {'deny', i, 'tpm', tokens_retry_ms(rkey, tkey, s.total, tpm, reserve)}
+      if reserve > tpm then return reply({'deny', i, 'tpm_too_large', 0}) end
+      return reply({'deny', i, 'tpm', tokens_retry_ms(rkey, tkey, s.total, tpm, reserve)})
     end
   end
 
   if conc >= 0 then
     redis.call('ZREMRANGEBYSCORE', ckey, '-inf', now)
-    if redis.call('ZCARD', ckey) >= conc then return {'deny', i, 'concurrency', 1000} end
+    if redis.call('ZCARD', ckey) >= conc then return reply({'deny', i, 'concurrency', 1000}) end
   end
   state[i] = {rkey = rkey, tkey = tkey, ckey = ckey}
   for key, v in pairs(s) do state[i][key] = v end
@@ -134,4 +143,4 @@ for i = 1, n do
   table.insert(out, s.tok_used)
   table.insert(out, s.spend_used)
 end
-return out
+return reply(out)
