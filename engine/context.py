@@ -12,6 +12,7 @@ of sequence ``i`` may attend to keys ``0 .. context_lens[i] - query_lens[i] + j`
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +36,7 @@ class Context:
     """``query_lens`` as Python ints, so the attention layer never syncs with the device."""
     context_lens_host: list[int] = field(default_factory=list)
     """``context_lens`` as Python ints."""
-    cache: dict[str, object] = field(default_factory=dict)
+    cache: dict[Hashable, object] = field(default_factory=dict)
     """Per-step scratch shared by all layers (e.g. masks built once, used by every layer)."""
 
     @property

@@ -107,8 +107,10 @@ class ModelRunner:
         slots: list[int] = []
         context_lens: list[int] = []
         sample_rows: list[int] = []
+        last_rows: list[int] = []  # each sequence's last row in the flat batch
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
+            last_rows.append(len(input_ids) + n - 1)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
@@ -136,9 +138,9 @@ class ModelRunner:
         results: list[SampledToken | None] = [None] * len(batch.seqs)
         if not sample_rows:
             return results
-        ends = torch.tensor(batch.num_new_tokens, device=self.device).cumsum(0) - 1
-        last_rows = ends[torch.tensor(sample_rows, device=self.device)]
-        logits = self.model.compute_logits(hidden[last_rows]).float()
+        if len(sample_rows) < hidden.shape[0]:  # else every row is a sampled decode: use them all as is
+            hidden = hidden[torch.tensor([last_rows[i] for i in sample_rows], device=self.device)]
+        logits = self.model.compute_logits(hidden).float()
         for i, token in zip(sample_rows, sample(logits, [batch.seqs[i] for i in sample_rows]), strict=True):
             results[i] = token
         return results

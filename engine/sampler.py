@@ -30,12 +30,14 @@ class SampledToken:
 def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     """``logits`` [N, V] float32, one row per sequence in ``seqs``."""
     params = [s.sampling for s in seqs]
+    if all(_is_plain_greedy(p) for p in params):  # the common case: one argmax over the batch
+        return [SampledToken(t) for t in _argmax(logits).tolist()]
     raw_logprobs = None
     if any(p.logprobs or p.top_logprobs for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
 
     logits = apply_penalties(logits, seqs)
-    token_ids = logits.argmax(dim=-1)
+    token_ids = _argmax(logits)
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
@@ -43,7 +45,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
         noise = torch.stack(
             [torch.empty_like(probs[0]).exponential_(generator=seqs[i].generator) for i in random_rows]
         )
-        token_ids[rows] = (probs / noise).argmax(dim=-1)
+        token_ids[rows] = _argmax(probs / noise)
 
     chosen = token_ids.tolist()
     results = [SampledToken(t) for t in chosen]
@@ -72,6 +74,15 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
             counts = torch.bincount(output[output < vocab], minlength=vocab).to(row.dtype)
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
     return logits
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise argmax (first index among ties, like ``argmax``); ``max`` is about twice as fast on CPU."""
+    return x.max(dim=-1).indices
+
+
+def _is_plain_greedy(p: SamplingParams) -> bool:
+    return p.temperature == 0 and not (p.logprobs or p.top_logprobs) and not _has_penalty(p)
 
 
 def _has_penalty(p: SamplingParams) -> bool:
