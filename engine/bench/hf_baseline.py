@@ -5,12 +5,15 @@
 Two figures, printed as one JSON line: the prompts one at a time, and all of them as
 one left-padded batch. Greedy, exactly ``--max-tokens`` new tokens per prompt (eos
 ignored), float32 on CPU, the same as ``engine.bench.serving`` asks of the engine.
+Each figure also comes per CPU second of this process, which the machine's load
+moves far less than wall-clock time (compare with ``serving.py --engine-pid``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -68,13 +71,14 @@ def main(argv: list[str] | None = None) -> int:
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.num_requests)]
     generate(model, tokenizer, prompts[:1], 4)  # warm-up
 
-    start = time.perf_counter()
+    load_avg = os.getloadavg()[0]
+    start, cpu_start = time.perf_counter(), time.process_time()
     tokens = sum(generate(model, tokenizer, [prompt], args.max_tokens) for prompt in prompts)
-    sequential_s = time.perf_counter() - start
+    sequential_s, sequential_cpu = time.perf_counter() - start, time.process_time() - cpu_start
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     batch_tokens = generate(model, tokenizer, prompts, args.max_tokens)
-    batch_s = time.perf_counter() - start
+    batch_s, batch_cpu = time.perf_counter() - start, time.process_time() - cpu_start
 
     print(
         json.dumps(
@@ -87,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 "one_at_a_time_duration_s": round(sequential_s, 3),
                 "padded_batch_output_tokens_per_s": round(batch_tokens / batch_s, 2),
                 "padded_batch_duration_s": round(batch_s, 3),
+                "one_at_a_time_output_tokens_per_cpu_s": round(tokens / sequential_cpu, 2),
+                "padded_batch_output_tokens_per_cpu_s": round(batch_tokens / batch_cpu, 2),
+                "load_avg_1m": round(load_avg, 2),
             }
         )
     )

@@ -8,6 +8,10 @@ Requests go to the internal RPC (``/rpc/v1/generate``) with greedy decoding and
 runs are comparable with ``engine.bench.hf_baseline``. Time to first token is
 measured from sending the request to the first frame carrying a token;
 inter-token latency is the gap between consecutive tokens of one request.
+
+On a shared machine wall-clock figures follow the neighbours' load, so the result
+also carries the 1-minute load average, and with ``--engine-pid`` the CPU seconds
+the engine process spent on the run (output tokens per engine CPU second).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 
@@ -71,7 +77,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-async def run(url: str, concurrency: int, num_requests: int, max_tokens: int) -> dict[str, float | int | str]:
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a local process so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(
+    url: str, concurrency: int, num_requests: int, max_tokens: int, engine_pid: int | None = None
+) -> dict[str, float | int | str]:
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
@@ -82,12 +96,21 @@ async def run(url: str, concurrency: int, num_requests: int, max_tokens: int) ->
             async with semaphore:
                 return await one_request(client, url, f"bench-{i}", PROMPTS[i % len(PROMPTS)], max_tokens)
 
+        load_avg = os.getloadavg()[0]
+        cpu_start = process_cpu_seconds(engine_pid) if engine_pid else 0.0
         start = time.perf_counter()
         results = await asyncio.gather(*(limited(i) for i in range(num_requests)))
         elapsed = time.perf_counter() - start
+        engine_cpu = process_cpu_seconds(engine_pid) - cpu_start if engine_pid else None
     ttfts = [r.ttft for r in results]
     itls = [b - a for r in results for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
     output_tokens = sum(r.completion_tokens for r in results)
+    cpu: dict[str, float] = {}
+    if engine_cpu is not None:
+        cpu = {
+            "engine_cpu_s": round(engine_cpu, 3),
+            "output_tokens_per_engine_cpu_s": round(output_tokens / engine_cpu, 2),
+        }
     return {
         "url": url,
         "concurrency": concurrency,
@@ -100,6 +123,8 @@ async def run(url: str, concurrency: int, num_requests: int, max_tokens: int) ->
         "ttft_p99_ms": round(percentile(ttfts, 99) * 1000, 1),
         "itl_p50_ms": round(percentile(itls, 50) * 1000, 1),
         "itl_p99_ms": round(percentile(itls, 99) * 1000, 1),
+        **cpu,
+        "load_avg_1m": round(load_avg, 2),
     }
 
 
@@ -109,8 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=16)
     p.add_argument("--num-requests", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--engine-pid",
+        type=int,
+        help="the engine's process id, when it runs on this machine: also report the CPU time it used",
+    )
     args = p.parse_args(argv)
-    result = asyncio.run(run(args.url.rstrip("/"), args.concurrency, args.num_requests, args.max_tokens))
+    result = asyncio.run(
+        run(args.url.rstrip("/"), args.concurrency, args.num_requests, args.max_tokens, args.engine_pid)
+    )
     print(json.dumps(result))
     return 0
 
