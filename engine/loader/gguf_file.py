@@ -1,4 +1,5 @@
-"""GGUF files: metadata as a dict, and tensors dequantized to float under Hugging Face names.
+"""GGUF files: metadata as a dict, and tensors under Hugging Face names, dequantized to float or,
+for Q4_0/Q4_1 linears under ``--quant int4``, kept as their raw blocks.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
 matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its
@@ -15,6 +16,8 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+
+from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES
 
 # Architectures whose q/k rows llama.cpp permuted at conversion (Qwen2 uses NEOX rope: untouched).
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
@@ -36,6 +39,8 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# GGML type name -> the name suffix its raw blocks are passed on under (see QuantizedTensors).
+_INT4_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_INT4_SUFFIXES.items()}
 
 
 def open_gguf(path: str | Path) -> gguf.GGUFReader:
@@ -75,20 +80,30 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
             f"tensor {tensor.name!r} has GGML type {tensor.tensor_type.name}, which cannot be dequantized"
         ) from None
     shape = tuple(reversed([int(n) for n in tensor.shape]))
-    values = np.asarray(values, dtype=np.float32).reshape(shape)
-    # F32 tensors come back as read-only views of the memory-mapped file; torch wants writable memory.
-    return values if values.flags.writeable else values.copy()
+    return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
 def iter_tensors(
-    reader: gguf.GGUFReader, architecture: str, num_heads: int, num_kv_heads: int
+    reader: gguf.GGUFReader, architecture: str, num_heads: int, num_kv_heads: int, *, keep_int4: bool = False
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor) for every tensor in the file."""
+    """(HF name, float32 tensor) for every tensor in the file.
+
+    With ``keep_int4``, each decoder linear stored as Q4_0/Q4_1 comes instead as its raw blocks,
+    uint8 ``[N, K/32 * block bytes]``, named ``<module>.gguf_q4_0`` / ``.gguf_q4_1``: the loader
+    builds ``Int4Linear`` modules from them without going through float.
+    """
     permuted = architecture in _PERMUTED_QK_ARCHITECTURES
     for tensor in reader.tensors:
-        values = dequantize(tensor)
+        name = hf_tensor_name(tensor.name)
+        int4_suffix = _INT4_SUFFIX_BY_TYPE.get(tensor.tensor_type.name)
+        if keep_int4 and int4_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
+            values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks
+            name = name.removesuffix(".weight") + int4_suffix
+        else:
+            values = dequantize(tensor)
         if permuted and ".attn_q." in tensor.name:
             values = unpermute_rope_rows(values, num_heads)
         elif permuted and ".attn_k." in tensor.name:
             values = unpermute_rope_rows(values, num_kv_heads)
-        yield hf_tensor_name(tensor.name), torch.from_numpy(values)
+        # Views of the memory-mapped file are read-only; torch wants writable memory.
+        yield name, torch.from_numpy(values if values.flags.writeable else values.copy())

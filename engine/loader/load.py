@@ -86,7 +86,8 @@ def load_model(
     model = _build_model(checkpoint.config, device, dtype)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
     packed = QuantizedTensors(method)
-    _load_weights(model, packed.filter(checkpoint.tensors()), bar, packed.parameter_names)
+    tensors = checkpoint.tensors(keep_int4=method == "int4")
+    _load_weights(model, packed.filter(tensors), bar, packed.parameter_names)
     if bar is not None:
         bar.close()
     apply_quantization(model, method, packed, quant_config)
@@ -111,7 +112,8 @@ class _Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    tensors: Callable[[], Iterator[tuple[str, torch.Tensor]]]
+    tensors: Callable[..., Iterator[tuple[str, torch.Tensor]]]
+    """``tensors(keep_int4=...)``: GGUF files keep Q4 linears packed when asked; directories ignore it."""
 
 
 def _open(path: str | Path | None) -> _Checkpoint:
@@ -125,7 +127,7 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda: safetensors_files.iter_tensors(files),
+            tensors=lambda keep_int4=False: safetensors_files.iter_tensors(files),
         )
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
@@ -138,8 +140,12 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda: gguf_file.iter_tensors(
-                reader, architecture, config.num_attention_heads, config.num_key_value_heads
+            tensors=lambda keep_int4=False: gguf_file.iter_tensors(
+                reader,
+                architecture,
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                keep_int4=keep_int4,
             ),
         )
     if path.exists():

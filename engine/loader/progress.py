@@ -1,4 +1,4 @@
-"""A one-line stderr progress bar for model loading (no tqdm dependency)."""
+"""A one-line stderr progress bar for model loading and quantization (no tqdm dependency)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ class ProgressBar:
     """Redraws in place on a terminal; elsewhere (logs, CI) prints only the start and the end."""
 
     def __init__(
-        self, total: int, description: str, *, stream: TextIO | None = None, width: int = 30
+        self,
+        total: int,
+        description: str,
+        *,
+        stream: TextIO | None = None,
+        width: int = 30,
+        unit: str = "tensors",
     ) -> None:
         self.total = max(total, 1)
         self.description = description
@@ -20,7 +26,7 @@ class ProgressBar:
         self._interactive = self.stream.isatty()
         self._last_drawn = -1
         if not self._interactive:
-            self.stream.write(f"{description}: {total} tensors\n")
+            self.stream.write(f"{description}: {total} {unit}\n")
         self._draw()
 
     def update(self, n: int = 1) -> None:

@@ -3,9 +3,11 @@
 ``--quant auto`` follows the checkpoint: an AutoAWQ ``quantization_config`` (GEMM, 4 bits) means
 ``int4``, a BitNet architecture or ``quant_method: bitnet`` means ``bitnet``, anything else ``none``.
 ``int4``/``bitnet`` on a float checkpoint quantize it after loading (RTN g128 / absmean).
+A GGUF file is ``none`` under ``auto``; with ``int4`` its Q4_0/Q4_1 linears stay packed.
 
 While the loader streams tensors into the float model, :class:`QuantizedTensors` keeps the packed
-ones (AWQ ``qweight``/``qzeros``/``scales``; BitNet ``uint8`` weights and ``weight_scale``) aside;
+ones (AWQ ``qweight``/``qzeros``/``scales``; raw GGUF Q4 blocks, named ``<module>.gguf_q4_0`` or
+``.gguf_q4_1`` by the GGUF reader; BitNet ``uint8`` weights and ``weight_scale``) aside;
 :func:`apply_quantization` then swaps the matching ``nn.Linear`` modules for quantized ones.
 """
 
@@ -19,7 +21,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from engine.layers.quant.formats import int4_from_awq_gemm, ternary_from_bitnet
+from engine.layers.quant.formats import int4_from_awq_gemm, int4_from_gguf, ternary_from_bitnet
 from engine.layers.quant.swap import install_quantized_weights, quantize_linears
 from engine.layers.quant.weights import Int4Weight, TernaryWeight
 
@@ -27,6 +29,8 @@ QuantChoice = Literal["auto", "none", "int4", "bitnet"]
 QUANT_CHOICES: tuple[str, ...] = ("auto", "none", "int4", "bitnet")
 DEFAULT_GROUP_SIZE = 128
 _AWQ_SUFFIXES = (".qweight", ".qzeros", ".scales")
+GGUF_INT4_SUFFIXES = {".gguf_q4_0": "Q4_0", ".gguf_q4_1": "Q4_1"}
+"""Raw GGUF blocks of a linear kept packed under ``--quant int4``: name suffix -> GGML type."""
 _BITNET_SCALE = ".weight_scale"
 
 
@@ -73,7 +77,7 @@ class QuantizedTensors:
 
     def _part(self, name: str, tensor: torch.Tensor) -> tuple[str, str] | None:
         if self.method == "int4":
-            suffixes: Iterable[str] = _AWQ_SUFFIXES
+            suffixes: Iterable[str] = (*_AWQ_SUFFIXES, *GGUF_INT4_SUFFIXES)
         elif self.method == "bitnet":
             if name.endswith(".weight") and tensor.dtype != torch.uint8:
                 return None
@@ -103,20 +107,31 @@ class QuantizedTensors:
     ) -> dict[str, Int4Weight | TernaryWeight]:
         out: dict[str, Int4Weight | TernaryWeight] = {}
         for module, parts in self.tensors.items():
-            needed = _AWQ_SUFFIXES if self.method == "int4" else (".weight", _BITNET_SCALE)
-            if set(parts) != set(needed):
-                raise ValueError(f"{module}: packed tensors {sorted(parts)} are incomplete, need {needed}")
+            linear = model.get_submodule(module)
+            shape = (linear.out_features, linear.in_features)
             if self.method == "int4":
-                group_size = int(
-                    quant_config.get("group_size", quant_config.get("q_group_size", DEFAULT_GROUP_SIZE))
-                )
-                out[module] = int4_from_awq_gemm(
-                    parts[".qweight"], parts[".qzeros"], parts[".scales"], group_size
-                )
+                out[module] = _int4_weight(module, parts, shape, quant_config)
             else:
-                out_features = model.get_submodule(module).out_features
-                out[module] = ternary_from_bitnet(parts[".weight"], parts[_BITNET_SCALE], out_features)
+                _check_parts(module, parts, (".weight", _BITNET_SCALE))
+                out[module] = ternary_from_bitnet(parts[".weight"], parts[_BITNET_SCALE], shape[0])
         return out
+
+
+def _int4_weight(
+    module: str, parts: Mapping[str, torch.Tensor], shape: tuple[int, int], quant_config: Mapping[str, Any]
+) -> Int4Weight:
+    """One linear's raw GGUF Q4 blocks, or its AutoAWQ tensors (possibly padded past ``shape``)."""
+    if len(parts) == 1 and next(iter(parts)) in GGUF_INT4_SUFFIXES:
+        suffix, blocks = next(iter(parts.items()))
+        return int4_from_gguf(blocks, shape, GGUF_INT4_SUFFIXES[suffix])
+    _check_parts(module, parts, _AWQ_SUFFIXES)
+    group_size = int(quant_config.get("group_size", quant_config.get("q_group_size", DEFAULT_GROUP_SIZE)))
+    return int4_from_awq_gemm(parts[".qweight"], parts[".qzeros"], parts[".scales"], group_size, shape)
+
+
+def _check_parts(module: str, parts: Mapping[str, torch.Tensor], needed: tuple[str, ...]) -> None:
+    if set(parts) != set(needed):
+        raise ValueError(f"{module}: packed tensors {sorted(parts)} are incomplete, need {needed}")
 
 
 def apply_quantization(

@@ -28,10 +28,19 @@ def _unpack_awq_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def int4_from_awq_gemm(
-    qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, group_size: int
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    shape: tuple[int, int] | None = None,
 ) -> Int4Weight:
     """AutoAWQ ``WQLinear_GEMM`` tensors (``qweight [K, N/8]``, ``qzeros [K/G, N/8]`` int32,
-    ``scales [K/G, N]`` fp16; ``w = (q - zero) * scale``) -> :class:`Int4Weight`."""
+    ``scales [K/G, N]`` fp16; ``w = (q - zero) * scale``) -> :class:`Int4Weight`.
+
+    ``shape`` is the layer's ``[N, K]`` when the tensors are padded beyond it (K to a whole group,
+    N to a multiple of 8, as :func:`awq_gemm_from_int4` writes layers AutoAWQ cannot hold); the
+    padding is dropped.
+    """
     codes = _unpack_awq_nibbles(qweight)  # [K, N]
     zeros = _unpack_awq_nibbles(qzeros).float()  # [K/G, N]
     if codes.shape[0] != zeros.shape[0] * group_size or tuple(scales.shape) != tuple(zeros.shape):
@@ -39,13 +48,48 @@ def int4_from_awq_gemm(
             f"AWQ tensors do not agree: qweight {tuple(qweight.shape)}, qzeros {tuple(qzeros.shape)}, "
             f"scales {tuple(scales.shape)}, group {group_size}"
         )
-    scale = scales.float()
+    k_held, n_held = codes.shape
+    n, k = (n_held, k_held) if shape is None else shape
+    if not (n_held - 8 < n <= n_held and k_held - group_size < k <= k_held):
+        raise ValueError(f"AWQ qweight {tuple(qweight.shape)} cannot hold a {n}x{k} layer (G={group_size})")
+    scale = scales.float()[:, :n]
     return Int4Weight(
-        codes=codes.t().contiguous(),
+        codes=codes[:k, :n].t().contiguous(),
         scales=scale.t().contiguous(),
-        mins=(-zeros * scale).t().contiguous(),
+        mins=(-zeros[:, :n] * scale).t().contiguous(),
         group_size=group_size,
     )
+
+
+def awq_gemm_from_int4(weight: Int4Weight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:class:`Int4Weight` with integer zero points (RTN, AWQ) -> AutoAWQ GEMM ``(qweight, qzeros,
+    scales)``, the inverse of :func:`int4_from_awq_gemm`.
+
+    Layers whose K is not a whole number of groups, or whose N is not a multiple of 8, are padded
+    (zero codes, zero scales): plain AutoAWQ cannot hold them, our loader crops them back.
+    """
+    n, k = weight.codes.shape
+    g = weight.group_size
+    zeros_exact = -weight.mins.float() / weight.scales.float().clamp(min=torch.finfo(torch.float32).tiny)
+    zeros = zeros_exact.round()
+    if (zeros - zeros_exact).abs().max() > 0.1 or zeros.min() < 0 or zeros.max() > 15:
+        raise ValueError("AutoAWQ needs integer zero points in 0..15; these mins are not -zero * scale")
+    n_pad, k_pad = -(-n // 8) * 8, weight.scales.shape[1] * g
+    device = weight.codes.device
+    codes = torch.zeros((k_pad, n_pad), dtype=torch.int32, device=device)
+    codes[:k, :n] = weight.codes.t().to(torch.int32)
+    zero_codes = torch.zeros((k_pad // g, n_pad), dtype=torch.int32, device=device)
+    zero_codes[:, :n] = zeros.t().to(torch.int32)
+    scales = torch.zeros((k_pad // g, n_pad), dtype=torch.float16, device=device)
+    scales[:, :n] = weight.scales.t().to(torch.float16)
+    return _pack_awq_nibbles(codes), _pack_awq_nibbles(zero_codes), scales
+
+
+def _pack_awq_nibbles(values: torch.Tensor) -> torch.Tensor:
+    """int32 ``[R, C]`` (0..15) in natural column order -> ``[R, C/8]`` in AWQ's nibble order."""
+    grouped = values.reshape(values.shape[0], -1, 8)[:, :, list(AWQ_ORDER)]  # nibble i <- column AWQ_ORDER[i]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=values.device)
+    return (grouped << shifts).sum(dim=-1, dtype=torch.int32)
 
 
 def int4_from_gguf(blocks: np.ndarray | torch.Tensor, shape: tuple[int, int], quant_type: str) -> Int4Weight:

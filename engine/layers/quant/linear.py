@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels.int4_matmul import int4_matmul, pack_int4
+from engine.kernels.int4_matmul import int4_matmul, pack_int4, unpack_int4_codes
 from engine.kernels.ternary_matmul import pack_ternary, quantize_activations_ref, ternary_matmul
 from engine.layers.quant.quantizers import absmean_ternarize, rtn_quantize
 from engine.layers.quant.weights import Int4Weight, TernaryWeight
@@ -74,6 +74,21 @@ class Int4Linear(nn.Module):
         else:
             out = F.linear(x, self.dequantized_weight(x.dtype))
         return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    def int4_weight(self) -> Int4Weight:
+        """The canonical weight this layer holds (scales and mins as stored, in fp16 precision),
+        on the layer's device: what a quantized checkpoint writes."""
+        if self.backend == "triton":
+            codes = unpack_int4_codes(self.qweight)[: self.in_features].t()
+            scales, mins = self.scales.t(), self.mins.t()
+        else:
+            codes, scales, mins = self.codes[:, : self.in_features], self.scales, self.mins
+        return Int4Weight(
+            codes=codes.contiguous(),
+            scales=scales.float().contiguous(),
+            mins=mins.float().contiguous(),
+            group_size=self.group_size,
+        )
 
     def dequantized_weight(self, dtype: torch.dtype) -> torch.Tensor:
         """``[N, K]`` in ``dtype`` (torch backend): ``code * scale + min`` per group."""
