@@ -8,7 +8,7 @@ against it pay for the import).
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,16 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 # Variants saved as several safetensors shards with an index json.
 SHARDED_VARIANTS = {"qwen2"}
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread for tiny models: on a shared 2-core machine, two threads spin-wait each
+    other many times slower. Use with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
