@@ -31,8 +31,10 @@ class EngineConfig:
     max_model_len: int | None = None
     """Prompt plus output limit; None uses the model's own, capped by the KV-cache capacity."""
     enable_chunked_prefill: bool = True
-    enable_prefix_cache: bool = False
-    """Reuse KV blocks of earlier requests with the same prefix (the radix cache)."""
+    enable_prefix_cache: bool = True
+    """Reuse KV blocks of earlier requests with the same prefix (the radix cache). Its tree keeps
+    finished requests' blocks until the pool needs them, so ``num_free_blocks`` alone does not return
+    to the pool size when a request ends: free + reclaimable does."""
     num_threads: int | None = None
     """torch intra-op threads on CPU; None uses every core."""
     served_model_name: str | None = None

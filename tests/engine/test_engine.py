@@ -10,7 +10,7 @@ import torch
 
 from engine.llm_engine import LLMEngine, RequestError
 from engine.protocol import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams
-from tests.engine.tiny_engine import TINY_BLOCKS, EngineFactory
+from tests.engine.tiny_engine import EngineFactory, assert_every_block_comes_back, blocks_held_by_requests
 
 PROMPTS = [
     "a",
@@ -73,13 +73,21 @@ def test_greedy_matches_cache_free_reference(make_engine: EngineFactory) -> None
         assert tokens_of(frames[str(i)]) == reference_greedy(engine, engine.tokenizer.encode(p), 12)
 
 
-@pytest.mark.parametrize("chunked", [True, False])
-def test_batch_of_16_matches_each_request_alone(make_engine: EngineFactory, chunked: bool) -> None:
-    engine = make_engine(enable_chunked_prefill=chunked, max_num_batched_tokens=32, num_kv_blocks=256)
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "whole-prompts"])
+def test_batch_of_16_matches_each_request_alone(
+    make_engine: EngineFactory, chunked: bool, prefix_cache: bool
+) -> None:
+    engine = make_engine(
+        enable_chunked_prefill=chunked,
+        enable_prefix_cache=prefix_cache,
+        max_num_batched_tokens=32,
+        num_kv_blocks=256,
+    )
     alone = {p: tokens_of(run(engine, request("a", p, max_tokens=16, ignore_eos=True))["a"]) for p in PROMPTS}
     batch = run(engine, *(request(str(i), p, max_tokens=16, ignore_eos=True) for i, p in enumerate(PROMPTS)))
     assert {p: tokens_of(batch[str(i)]) for i, p in enumerate(PROMPTS)} == alone
-    assert engine.block_manager.num_free_blocks == 256
+    assert_every_block_comes_back(engine)
 
 
 def test_preemption_by_recompute_keeps_outputs(make_engine: EngineFactory) -> None:
@@ -90,11 +98,14 @@ def test_preemption_by_recompute_keeps_outputs(make_engine: EngineFactory) -> No
     got = run(tight, *reqs)
     assert tight.metrics.preemptions._value.get() > 0
     assert {k: tokens_of(v) for k, v in got.items()} == {k: tokens_of(v) for k, v in expected.items()}
-    assert tight.block_manager.num_free_blocks == 24
+    assert_every_block_comes_back(tight)
 
 
-def test_thousand_aborted_requests_free_every_block(make_engine: EngineFactory) -> None:
-    engine = make_engine(num_kv_blocks=256, max_num_seqs=16)
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-prefix-cache", "prefix-cache"])
+def test_thousand_aborted_requests_free_every_block(make_engine: EngineFactory, prefix_cache: bool) -> None:
+    """Without the prefix cache every block is back on the free list; with it, blocks aborted requests
+    computed stay in the tree, unreferenced by any request, and all come back when it lets go."""
+    engine = make_engine(num_kv_blocks=256, max_num_seqs=16, enable_prefix_cache=prefix_cache)
     start = engine.block_manager.num_free_blocks
     for round_ in range(20):
         ids = [f"{round_}-{i}" for i in range(50)]
@@ -105,11 +116,14 @@ def test_thousand_aborted_requests_free_every_block(make_engine: EngineFactory) 
             out = engine.abort_request(rid)
             assert out is not None and final_of(out.frames).finish_reason == "abort"
         engine.step()  # the rest: some decoding, some just admitted
-        assert engine.block_manager.num_free_blocks < start
+        assert blocks_held_by_requests(engine) > 0
         for rid in ids[1::2]:
             out = engine.abort_request(rid)
             assert out is not None and final_of(out.frames).finish_reason == "abort"
-    assert engine.block_manager.num_free_blocks == start
+        assert blocks_held_by_requests(engine) == 0
+    if not prefix_cache:
+        assert engine.block_manager.num_free_blocks == start
+    assert_every_block_comes_back(engine)
     assert not engine.has_unfinished_requests() and not engine.scheduler.has_unfinished()
     assert engine.abort_request("unknown") is None
 
@@ -211,7 +225,7 @@ def test_n_choices_share_the_prompt_and_match_single_runs(make_engine: EngineFac
     choices = [tokens_of(a, i) for i in range(3)]
     assert choices == [tokens_of(b, i) for i in range(3)]
     assert len({tuple(c) for c in choices}) == 3
-    assert engine.block_manager.num_free_blocks == TINY_BLOCKS
+    assert_every_block_comes_back(engine)
 
 
 def test_logprobs_in_frames(make_engine: EngineFactory) -> None:
@@ -239,4 +253,4 @@ def test_expired_deadline_aborts(make_engine: EngineFactory) -> None:
     late = GenerateRequest(request_id="d", prompt="hello", deadline=time.time() - 1)
     frames = run(engine, late)["d"]
     assert final_of(frames).finish_reason == "abort"
-    assert engine.block_manager.num_free_blocks == TINY_BLOCKS
+    assert_every_block_comes_back(engine)

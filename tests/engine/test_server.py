@@ -15,7 +15,7 @@ from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel
 from engine.protocol import DeltaFrame, FinalFrame, parse_frame
 from engine.server import create_app
-from tests.engine.tiny_engine import TINY_BLOCKS, make_tiny_engine
+from tests.engine.tiny_engine import blocks_held_by_requests, make_tiny_engine
 from tests.gateway.live_server import ServerThread
 
 
@@ -164,7 +164,7 @@ def test_rpc_abort_ends_the_stream_and_frees_blocks(url: str, engine: LLMEngine)
         frames = [parse_frame(line) for line in lines if line]
     assert isinstance(frames[-1], FinalFrame) and frames[-1].finish_reason == "abort"
     assert frames[-1].completion_tokens < 120
-    assert wait_until(lambda: engine.block_manager.num_free_blocks == TINY_BLOCKS)
+    assert wait_until(lambda: blocks_held_by_requests(engine) == 0)
     assert httpx.post(f"{url}/rpc/v1/abort", json={"request_id": "to-abort"}).json() == {"aborted": False}
 
 
@@ -176,8 +176,8 @@ def test_client_disconnect_mid_stream_frees_blocks(url: str, engine: LLMEngine, 
         body = {"model": "tiny", "prompt": "abc", "max_tokens": 120, "stream": True, "temperature": 0}
     with httpx.stream("POST", f"{url}{path}", json=body, timeout=60) as response:
         next(response.iter_lines())
-        assert engine.block_manager.num_free_blocks < TINY_BLOCKS
-    assert wait_until(lambda: engine.block_manager.num_free_blocks == TINY_BLOCKS)
+        assert blocks_held_by_requests(engine) > 0
+    assert wait_until(lambda: blocks_held_by_requests(engine) == 0)
     assert wait_until(lambda: not engine.has_unfinished_requests())
 
 
@@ -186,7 +186,7 @@ def test_client_timeout_on_a_whole_response_frees_blocks(url: str, engine: LLMEn
     with pytest.raises(httpx.ReadTimeout):  # 120 steps take far longer than 50 ms
         httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=0.05))
     assert wait_until(lambda: not engine.has_unfinished_requests())
-    assert engine.block_manager.num_free_blocks == TINY_BLOCKS
+    assert blocks_held_by_requests(engine) == 0
 
 
 def test_metrics_expose_queues_blocks_tokens_and_latencies(url: str, client: openai.OpenAI) -> None:

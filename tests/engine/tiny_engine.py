@@ -83,6 +83,21 @@ def make_tiny_engine(tokenizer: Tokenizer | None = None, **overrides: Any) -> LL
     )
 
 
+def blocks_held_by_requests(engine: LLMEngine) -> int:
+    """KV blocks neither free nor merely kept by the prefix cache (which gives them back on demand)."""
+    manager = engine.block_manager
+    return manager.num_blocks - manager.num_free_blocks - manager.num_reclaimable_blocks()
+
+
+def assert_every_block_comes_back(engine: LLMEngine) -> None:
+    """No request holds a block, and once the prefix cache lets go every block is free with no reference."""
+    manager = engine.block_manager
+    assert blocks_held_by_requests(engine) == 0
+    manager._reclaim(manager.num_reclaimable_blocks())
+    assert manager.num_free_blocks == manager.num_blocks
+    assert all(manager.allocator.refcount(b) == 0 for b in range(manager.num_blocks))
+
+
 @pytest.fixture(scope="session")
 def byte_tokenizer() -> Tokenizer:
     return make_byte_tokenizer()
