@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 KEY_CACHE_MAX_TTL_S = 0.9
 """Revocation must reach every process within 1 s, so no cache entry may live longer than this."""
+
+PrefixCacheIsolation = Literal["shared", "tenant"]
 
 
 class Settings(BaseSettings):
@@ -39,6 +41,10 @@ class Settings(BaseSettings):
     engine_health_interval_s: float = Field(2.0, gt=0)
     engine_connect_timeout_s: float = Field(5.0, gt=0)
     engine_request_timeout_s: float = Field(600.0, gt=0)
+    prefix_cache_isolation: PrefixCacheIsolation = Field(
+        "shared",
+        description="'shared': tenants share the engines' prefix cache; 'tenant': each tenant has its own.",
+    )
 
     @field_validator("database_url")
     @classmethod

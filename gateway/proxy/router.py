@@ -26,6 +26,7 @@ from engine.openai_protocol import (
     parse_request,
 )
 from engine.protocol import ModelList
+from gateway.config import Settings
 from gateway.errors import OpenAIError
 from gateway.keys.deps import InferenceKey, authenticate_kind
 from gateway.limits.admission import dispatch_limited
@@ -95,7 +96,9 @@ class GenerateEndpoint:
         # Before the limits, so a refused model costs no quota.
         service.ensure_model_allowed(key=key, model=openai_request.model)
         state = scope["app"].state
+        settings: Settings = state.settings
         request_id: str = scope["state"]["request_id"]
+        cache_namespace = service.prefix_cache_namespace(key=key, isolation=settings.prefix_cache_isolation)
 
         async def dispatch(headers: Mapping[str, str]) -> RelayResponse:
             return await service.dispatch(
@@ -104,6 +107,7 @@ class GenerateEndpoint:
                 endpoint=self.endpoint,
                 key=key,
                 request_id=request_id,
+                cache_namespace=cache_namespace,
                 # Run with the finished request's RelayOutcome; other domains add theirs at start-up.
                 hooks=state.completion_hooks,
                 headers=headers,

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 from engine.openai_protocol import OpenAIRequest
 from engine.protocol import ModelList
+from gateway.config import PrefixCacheIsolation
 from gateway.errors import OpenAIError
 from gateway.keys.auth import AuthenticatedKey
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
@@ -23,6 +24,19 @@ def ensure_model_allowed(*, key: AuthenticatedKey, model: str) -> None:
         )
 
 
+def prefix_cache_namespace(*, key: AuthenticatedKey, isolation: PrefixCacheIsolation) -> str | None:
+    """The RPC ``cache_namespace`` (``TERN_PREFIX_CACHE_ISOLATION``).
+
+    ``shared`` (the default) sends none: every tenant's requests can reuse cached prefixes (a
+    common system prompt is prefilled once), and the engine still keeps models apart. ``tenant``
+    sends the tenant id, so cached blocks only ever serve the tenant whose prompt made them (no
+    cross-tenant cache hits, whose timing could reveal another tenant's prompts).
+    """
+    if isolation == "tenant" and key.tenant_id is not None:
+        return str(key.tenant_id)
+    return None
+
+
 def list_models(*, pool: EnginePool, key: AuthenticatedKey) -> ModelList:
     """Models served by healthy engines that this key may use."""
     return ModelList(data=[m for m in pool.models() if key.may_use_model(m.id)])
@@ -35,6 +49,7 @@ async def dispatch(
     endpoint: str,
     key: AuthenticatedKey,
     request_id: str,
+    cache_namespace: str | None,
     hooks: Sequence[CompletionHook],
     headers: Mapping[str, str],
 ) -> RelayResponse:
@@ -44,11 +59,7 @@ async def dispatch(
     (no engine, engine errors before the stream) raise OpenAIError after the hooks ran.
     """
     tenant_id = str(key.tenant_id) if key.tenant_id else None
-    gen_request = openai_request.to_generate_request(
-        request_id=request_id,
-        # Tenants never share prefix-cache blocks, so cache hits cannot leak one tenant's prompts to another.
-        cache_namespace=tenant_id,
-    )
+    gen_request = openai_request.to_generate_request(request_id=request_id, cache_namespace=cache_namespace)
     relay = Relay(
         pool=pool,
         gen_request=gen_request,

@@ -101,7 +101,32 @@ async def test_request_reaches_engine_as_rpc(
         7,
         5,
     )
-    assert sent.cache_namespace  # the tenant: tenants never share prefix-cache blocks
+    assert sent.cache_namespace is None  # TERN_PREFIX_CACHE_ISOLATION=shared, the default
+
+
+@pytest.mark.parametrize("isolation", ["shared", "tenant"])
+async def test_prefix_cache_is_shared_or_isolated_per_tenant(
+    app: FastAPI,
+    client: httpx.AsyncClient,
+    create_tenant_and_key: CreateTenantAndKey,
+    fake_engines: list[FakeEngine],
+    isolation: str,
+) -> None:
+    """The RPC cache_namespace: none when tenants share the engines' prefix cache, else the tenant."""
+    app.state.settings.prefix_cache_isolation = isolation
+    namespaces = {}
+    for _ in range(2):
+        tenant, secret, _ = await create_tenant_and_key()
+        response = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret))
+        assert response.status_code == 200, response.text
+        [sent] = [
+            r for e in fake_engines for r in e.received if r.request_id == response.headers["x-request-id"]
+        ]
+        namespaces[tenant["id"]] = sent.cache_namespace
+    if isolation == "shared":
+        assert list(namespaces.values()) == [None, None]
+    else:
+        assert all(namespace == tenant_id for tenant_id, namespace in namespaces.items())
 
 
 async def test_caller_request_ids_never_key_the_engine_or_usage(
