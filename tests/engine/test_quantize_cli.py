@@ -184,6 +184,33 @@ def test_gguf_source_keeps_config_tokenizer_and_chat_template(tmp_path: Path) ->
     )
 
 
+def test_sharded_qwen2_source(tiny_model_dir: Callable[[str], Path], tmp_path: Path) -> None:
+    """q/k/v biases; the source's shards and index are not copied, one model.safetensors is written."""
+    source = tiny_model_dir("qwen2")
+    assert (source / "model.safetensors.index.json").exists()
+    assert (
+        main(["--model", str(source), "--method", "rtn", "--group-size", "32", "--out", str(tmp_path)]) == 0
+    )
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors*")) == ["model.safetensors"]
+    loaded = load_model(tmp_path, "cpu", torch.float32, progress=False)
+    original = load_model(source, "cpu", torch.float32, progress=False)
+    assert loaded.config == original.config
+    assert (
+        sum(isinstance(m, Int4Linear) for m in loaded.model.modules()) == 7 * loaded.config.num_hidden_layers
+    )
+    assert relative_error(logits(loaded), logits(original)) < MAX_RELATIVE_ERROR
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_int4_linear_gives_back_its_weight(backend: str) -> None:
+    """What the checkpoint writer reads from a layer, whichever layout the layer packed it in."""
+    weight = rtn_quantize(torch.randn(24, 100, generator=torch.Generator().manual_seed(1)), 32)
+    held = Int4Linear(weight, backend=backend).int4_weight()
+    assert torch.equal(held.codes, weight.codes)
+    torch.testing.assert_close(held.scales, weight.scales.half().float(), rtol=0, atol=0)
+    torch.testing.assert_close(held.mins, weight.mins.half().float(), rtol=0, atol=0)
+
+
 def test_cli_refuses_bad_requests(
     float_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
