@@ -56,7 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.quant,
         help="weight quantization (default: what the checkpoint holds; int4/bitnet quantize a float one)",
     )
-    p.add_argument("--num-threads", type=int, help="torch CPU threads (default: all cores)")
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        help="torch CPU threads (default: OMP_NUM_THREADS, else the physical cores available less one, "
+        "at least 1; on a shared or busy machine use fewer)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -36,7 +38,7 @@ class EngineConfig:
     finished requests' blocks until the pool needs them, so ``num_free_blocks`` alone does not return
     to the pool size when a request ends: free + reclaimable does."""
     num_threads: int | None = None
-    """torch intra-op threads on CPU; None uses every core."""
+    """torch intra-op threads on CPU; None: ``OMP_NUM_THREADS`` if set, else :func:`default_num_threads`."""
     served_model_name: str | None = None
     quant: str = "auto"
     """auto | none | int4 | bitnet: auto follows the checkpoint (AutoAWQ config, BitNet architecture);
@@ -69,4 +71,38 @@ class EngineConfig:
         return getattr(torch, self.dtype)
 
     def resolved_num_threads(self) -> int:
-        return self.num_threads or os.cpu_count() or 1
+        if self.num_threads:
+            return self.num_threads
+        if (env := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(env) > 0:
+            return int(env)
+        return default_num_threads()
+
+
+def default_num_threads() -> int:
+    """Physical cores this process may use, less one for the server's own threads (at least one).
+
+    The HTTP event loop, detokenization and a co-located client also need a core. OpenMP threads
+    spin at every barrier, so a GEMM split over threads runs at the pace of the one that was
+    preempted: oversubscribing cores costs far more than one thread fewer.
+    """
+    return max(1, available_physical_cores() - 1)
+
+
+def available_physical_cores() -> int:
+    """Distinct physical cores among the CPUs this process may run on, capped by a cgroup CPU quota."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+        try:
+            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
+        except OSError:  # no sysfs topology: count logical CPUs
+            cores.add((str(cpu), ""))
+    count = len(cores) or 1
+    try:  # cgroup v2: "max 100000" or "<quota> <period>"
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()
+        if quota != "max":
+            count = min(count, max(1, math.ceil(int(quota) / int(period))))
+    except (OSError, ValueError):
+        pass
+    return count
