@@ -106,3 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
