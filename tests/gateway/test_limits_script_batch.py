@@ -1,5 +1,6 @@
-"""ScriptBatcher against a real Redis: concurrent script calls share one pipeline, each caller gets
-its own reply or error, and a script Redis forgot (SCRIPT FLUSH, a restart) is loaded again."""
+"""ScriptBatcher against a real Redis: concurrent script calls share one round trip, each caller
+gets its own reply or error, a script Redis forgot (SCRIPT FLUSH, a restart) is loaded again, and
+a broken connection fails only its batch."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
 from gateway.limits.script_batch import ScriptBatcher
@@ -26,22 +28,48 @@ async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-async def test_concurrent_calls_share_a_pipeline_and_get_their_own_replies(redis_client: Redis) -> None:
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """Every write of commands to Redis, on any connection: one per round trip."""
+    sent: list[bytes] = []
+    original = Connection.send_packed_command
+
+    async def counting(self: Connection, command: object, *args: object, **kwargs: object) -> None:
+        sent.append(b"".join(command) if isinstance(command, list) else command)  # type: ignore[arg-type]
+        await original(self, command, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Connection, "send_packed_command", counting)
+    return sent
+
+
+async def test_concurrent_calls_share_a_round_trip_and_get_their_own_replies(
+    redis_client: Redis, writes: list[bytes]
+) -> None:
     script = redis_client.register_script(INCR_BY)
     await script(keys=["counter"], args=[0])  # loaded
     batcher = ScriptBatcher(redis_client)
-    sent = []
-    original_pipeline = redis_client.pipeline
-
-    def counting_pipeline(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        sent.append(1)
-        return original_pipeline(*args, **kwargs)
-
-    redis_client.pipeline = counting_pipeline  # type: ignore[method-assign]
+    writes.clear()
     replies = await asyncio.gather(*(batcher.call(script, keys=["counter"], args=[1]) for _ in range(50)))
     assert sorted(replies) == list(range(1, 51))  # every increment ran once, each caller saw its own
-    assert len(sent) == 1  # one round trip for the 50 calls made in one loop turn
-    assert int(await redis_client.get("counter")) == 50
+    assert [w.count(b"EVALSHA") for w in writes] == [50]  # one round trip for one loop turn
+    await batcher.call(script, keys=["counter"], args=[1])
+    assert [w.count(b"EVALSHA") for w in writes] == [50, 1]  # the next turn's call: its own round trip
+    assert int(await redis_client.get("counter")) == 51
+
+
+async def test_a_kept_connection_that_redis_closed_is_reconnected(redis_client: Redis) -> None:
+    """The batcher keeps its connection between batches; if Redis drops it meanwhile (a restart,
+    an idle timeout), the next call reconnects instead of failing, as a pooled connection would."""
+    script = redis_client.register_script(INCR_BY)
+    batcher = ScriptBatcher(redis_client)
+    assert await batcher.call(script, keys=["k"], args=[1]) == 1
+    [kept] = batcher._idle
+    await redis_client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    for _ in range(500):  # until the close reaches this side
+        if await kept.can_read():
+            break
+        await asyncio.sleep(0.01)
+    assert await batcher.call(script, keys=["k"], args=[1]) == 2
 
 
 async def test_errors_reach_only_their_caller(redis_client: Redis) -> None:
@@ -72,26 +100,19 @@ async def test_a_call_does_not_wait_for_a_batch_in_flight(redis_client: Redis) -
     batcher = ScriptBatcher(redis_client)
     in_flight, most = 0, 0
     sent = asyncio.Event()
-    original_pipeline = redis_client.pipeline
+    send = batcher._send
 
-    def tracking_pipeline(*args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        pipe = original_pipeline(*args, **kwargs)
-        execute = pipe.execute
+    async def tracked_send(batch: list) -> None:  # type: ignore[type-arg]
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        sent.set()
+        try:
+            await send(batch)
+        finally:
+            in_flight -= 1
 
-        async def tracked_execute(*a: object, **k: object) -> list[object]:
-            nonlocal in_flight, most
-            in_flight += 1
-            most = max(most, in_flight)
-            sent.set()
-            try:
-                return await execute(*a, **k)
-            finally:
-                in_flight -= 1
-
-        pipe.execute = tracked_execute  # type: ignore[method-assign]
-        return pipe
-
-    redis_client.pipeline = tracking_pipeline  # type: ignore[method-assign]
+    batcher._send = tracked_send  # type: ignore[method-assign]
     slow = asyncio.ensure_future(batcher.call(busy, keys=[], args=[5_000_000]))
     await sent.wait()  # the first batch is on the wire
     assert await batcher.call(quick, keys=[], args=[]) == 2
