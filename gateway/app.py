@@ -5,6 +5,7 @@ Run it with ``tern gateway`` (uvicorn factory mode, settings from the environmen
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -64,6 +65,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await app.state.engine_pool.start()
         try:
             await metering.start(app)
+            # Everything loaded so far lives as long as the process: keep it out of the cyclic
+            # garbage collector's full passes, which would otherwise walk it all again and
+            # again (pauses that show as latency outliers).
+            gc.freeze()
             try:
                 yield
             finally:

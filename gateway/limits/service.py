@@ -48,7 +48,7 @@ def _script(name: str) -> str:
 
 
 def month_of(now: datetime) -> str:
-    return now.strftime("%Y%m")
+    return f"{now.year:04d}{now.month:02d}"
 
 
 def month_start(month: str) -> date:
