@@ -21,7 +21,15 @@ import time
 from typing import Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from engine.protocol import (
@@ -153,15 +161,20 @@ class _Request(BaseModel):
             raise ValueError("stop sequences must be non-empty strings")
         return stop
 
-    @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _Request:
-        if self.stream_options is not None and not self.stream:
+    # Field validators, unlike model validators, run only when the field is given: these checks
+    # cost nothing on the (usual) requests without it. They read fields declared before theirs.
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(
+        cls, options: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        if options is not None and not info.data.get("stream"):
             raise PydanticCustomError(
                 "tern_invalid",
                 "The 'stream_options' parameter is only allowed when 'stream' is enabled.",
                 {"param": "stream_options"},
             )
-        return self
+        return options
 
     @property
     def include_usage(self) -> bool:
@@ -259,15 +272,16 @@ class ChatCompletionRequest(_Request):
             },
         )
 
-    @model_validator(mode="after")
-    def _top_logprobs_need_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_need_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
+        if top_logprobs and not info.data.get("logprobs"):
             raise PydanticCustomError(
                 "tern_invalid",
                 "The 'top_logprobs' parameter requires 'logprobs' to be true.",
                 {"param": "top_logprobs"},
             )
-        return self
+        return top_logprobs
 
     def to_generate_request(
         self, *, request_id: str, cache_namespace: str | None = None, deadline: float | None = None
