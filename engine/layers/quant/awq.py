@@ -160,18 +160,32 @@ def _run_layer(layer: nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: t
     return torch.stack([layer(sequence, cos, sin) for sequence in hidden])
 
 
+class _InputsCaptured(Exception):
+    """Raised by the capture hook once every wanted input is seen: the rest of the layer is skipped."""
+
+
 def _capture_inputs(
     layer: nn.Module, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, linears: list[nn.Module]
 ) -> list[torch.Tensor]:
-    """The inputs ``[S * L, K]`` of ``linears`` while ``layer`` runs over ``hidden``."""
+    """The inputs ``[S * L, K]`` of ``linears`` while ``layer`` runs over ``hidden``, stopping each
+    sequence's forward pass as soon as they are all seen."""
     captured: dict[int, list[torch.Tensor]] = {id(linear): [] for linear in linears}
+    waiting: set[int] = set()
 
     def hook(module: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
         captured[id(module)].append(args[0].detach())
+        waiting.discard(id(module))
+        if not waiting:
+            raise _InputsCaptured
 
     handles = [linear.register_forward_pre_hook(hook) for linear in linears]
     try:
-        _run_layer(layer, hidden, cos, sin)
+        for sequence in hidden:
+            waiting.update(captured)
+            try:
+                layer(sequence, cos, sin)
+            except _InputsCaptured:
+                pass
     finally:
         for handle in handles:
             handle.remove()
