@@ -52,15 +52,15 @@ async def list_models(key: InferenceKey, pool: Pool) -> ModelList:
 
 async def read_body(receive: Receive) -> bytes:
     """The whole request body. Its size is limited by the request envelope (``gateway.ops.middleware``)."""
-    body = b""
+    chunks: list[bytes] = []
     more_body = True
     while more_body:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnect
-        body += message.get("body", b"")
+        chunks.append(message.get("body", b""))
         more_body = message.get("more_body", False)
-    return body
+    return b"".join(chunks)
 
 
 def read_request(request_cls: type[RequestT], body: bytes) -> RequestT:
