@@ -26,12 +26,12 @@ pytestmark = pytest.mark.slow
 DATA = Path(__file__).parent.parent / "data"
 CALIBRATION_TEXT = DATA / "alice_in_wonderland_ch1.txt"
 EVALUATION_TEXT = DATA / "pride_and_prejudice_ch1.txt"
-CALIBRATION_SEQUENCES = 8
+CALIBRATION_SEQUENCES = 10  # all 2730 tokens of the chapter but the last 170
 CALIBRATION_SEQUENCE_LENGTH = 256
 GROUP_SIZE = 128
 # The issue asks for AWQ within 5% of float. On this 135M model AWQ g128 does not get there: it
-# measured +9.5% (docs/quantization.md). The bound is that figure plus a margin for numerical drift
-# across CPUs. The weaker variants tried measured +11% to +14%, RTN +27%.
+# measured +7.8%, and +8.7% to +11.3% with other amounts of calibration text (docs/quantization.md).
+# The bound leaves a margin for numerical drift across CPUs. RTN measured +27%.
 AWQ_MAX_PPL_INCREASE = 0.12
 
 
