@@ -23,9 +23,9 @@ from torch import nn
 from engine.layers.norm import RMSNorm
 from engine.layers.quant.formats import ternary_from_bitnet
 from engine.layers.quant.weights import TernaryWeight
-from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.layers.rotary import apply_rotary
 from engine.model_config import ModelConfig
-from engine.models.llama import LlamaAttention, LlamaForCausalLM
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 PACKED_WEIGHT_SUFFIX = ".weight"
 WEIGHT_SCALE_SUFFIX = ".weight_scale"
@@ -59,46 +59,19 @@ class BitNetMLP(nn.Module):
         return self.down_proj(self.ffn_sub_norm(gated))
 
 
-class BitNetDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.self_attn = BitNetAttention(config)
-        self.mlp = BitNetMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+class BitNetDecoderLayer(LlamaDecoderLayer):
+    attention_cls = BitNetAttention
+    mlp_cls = BitNetMLP
 
 
-class BitNetModel(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(BitNetDecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
-        )
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions, hidden.dtype)
-        for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
-        return self.norm(hidden)
+class BitNetModel(LlamaModel):
+    layer_cls = BitNetDecoderLayer
 
 
 class BitNetForCausalLM(LlamaForCausalLM):
     """Same interface as the Llama model: ``forward(input_ids[T], positions[T]) -> hidden[T, H]``."""
 
-    def __init__(self, config: ModelConfig) -> None:
-        nn.Module.__init__(self)
-        self.config = config
-        self.model = BitNetModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
+    model_cls = BitNetModel
 
 
 def is_packed_bitnet_tensor(name: str, tensor: torch.Tensor) -> bool:
