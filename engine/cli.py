@@ -7,6 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
+from engine.protocol import HEALTH_PATH
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +86,20 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+PROBE_PATHS = frozenset({"/health", HEALTH_PATH, "/metrics"})
+
+
+class ProbeAccessFilter(logging.Filter):
+    """Drops uvicorn access-log lines for health probes and metric scrapes: the gateway probes every
+    engine every few seconds, and those lines would bury the requests an operator looks for."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn's access record: (client address, method, path with query, HTTP version, status)
+        path = args[2] if isinstance(args, tuple) and len(args) >= 3 else None
+        return not (isinstance(path, str) and path.split("?", 1)[0] in PROBE_PATHS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -104,7 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine.device,
         engine.runner.num_blocks,
     )
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level=args.log_level)
+    server_config = uvicorn.Config(
+        create_app(engine), host=args.host, port=args.port, log_level=args.log_level
+    )
+    logging.getLogger("uvicorn.access").addFilter(ProbeAccessFilter())  # after uvicorn's logging setup
+    uvicorn.Server(server_config).run()
     return 0
 
 

@@ -158,7 +158,7 @@ DELEGATED = {
     "engine": ("engine.cli", "run an inference engine (arguments go to the engine)"),
     "quantize": ("engine.quantize", "write an INT4 (AWQ or RTN) checkpoint the engine loads directly"),
     "up": ("gateway.stack", "start Postgres, Redis, an engine and the gateway locally"),
-    "bench": ("gateway.bench.cli", "gateway benchmarks, e.g. `tern bench gateway` (prints JSON)"),
+    "bench": ("gateway.bench.cli", "benchmarks printing JSON: gateway, engine, kernels, ..."),
 }
 """Subcommands whose arguments belong to another module's ``main(argv)``, imported only when used."""
 

@@ -1,4 +1,4 @@
-"""``tern bench ...``: the gateway's benchmarks, each printing JSON."""
+"""``tern bench ...``: the gateway's and the engine's benchmarks, each printing JSON."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import sys
 BENCHMARKS = {
     "gateway": "gateway.bench.gateway",
     "upstream-client": "gateway.bench.upstream_client",
+    "engine": "engine.bench.serving",
+    "engine-hf": "engine.bench.hf_baseline",
+    "shared-prefix": "engine.bench.shared_prefix",
+    "kernels": "engine.bench.kernels",
 }
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
 
 from engine import config as config_module
+from engine.cli import ProbeAccessFilter
 from engine.config import EngineConfig, available_physical_cores, default_num_threads
 
 
@@ -28,3 +30,19 @@ def test_default_leaves_a_core_for_the_server(
 
 def test_available_physical_cores_is_within_the_cpus_we_may_use() -> None:
     assert 1 <= available_physical_cores() <= len(os.sched_getaffinity(0))
+
+
+def test_probe_requests_are_left_out_of_the_access_log() -> None:
+    """uvicorn's access record args are (client, method, path, HTTP version, status)."""
+
+    def record(path: str) -> logging.LogRecord:
+        args = ("127.0.0.1:5000", "GET", path, "1.1", 200)
+        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d', args, None)
+
+    keep = ProbeAccessFilter().filter
+    assert not keep(record("/health"))
+    assert not keep(record("/rpc/v1/health"))
+    assert not keep(record("/metrics?x=1"))
+    assert keep(record("/v1/chat/completions"))
+    assert keep(record("/rpc/v1/generate"))
+    assert keep(logging.LogRecord("uvicorn.access", logging.INFO, "", 0, "no args", None, None))
