@@ -12,6 +12,7 @@ import time
 import uuid
 
 from fastapi import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.errors import OpenAIError
@@ -22,6 +23,8 @@ access_log = logging.getLogger("tern.access")
 error_log = logging.getLogger("tern.error")
 
 REQUEST_ID_HEADER = b"x-request-id"
+CLIENT_CLOSED_REQUEST = 499
+"""nginx's status for a client that closed its connection before the answer: logged, never sent."""
 _SANE_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 
 
@@ -97,6 +100,11 @@ class RequestContextMiddleware:
                     await self.app(scope, receive, send_with_id)
             else:  # chunked: count while reading
                 await self.app(scope, limited_receive, send_with_id)
+        except ClientDisconnect:
+            # The client went away before its request body arrived: no one is left to answer, and
+            # nothing reached an engine or a meter. nginx's 499 says so in the log and the metrics.
+            if not response_started:
+                status = CLIENT_CLOSED_REQUEST
         except Exception:
             error_log.exception("unhandled error")
             if not response_started:

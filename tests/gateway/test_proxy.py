@@ -383,3 +383,54 @@ async def test_generation_routes_keep_the_request_envelope(
 
     error = assert_openai_error(await client.get("/v1/chat/completions", headers=bearer(secret)), 405)
     assert error["type"] == "invalid_request_error"
+
+
+async def test_client_gone_mid_upload_is_logged_499_not_an_error(
+    app: FastAPI,
+    create_tenant_and_key: CreateTenantAndKey,
+    fake_engines: list[FakeEngine],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A client that disconnects before its body has arrived gets nothing sent, reaches no engine,
+    and shows as 499 in the access log and the metrics, not as an unhandled 500."""
+    _, secret, _ = await create_tenant_and_key()
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/chat/completions",
+        "raw_path": b"/v1/chat/completions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"gateway"),
+            (b"authorization", bearer(secret)["Authorization"].encode()),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"1000"),
+        ],
+        "client": ("127.0.0.1", 50000),
+        "server": ("gateway", 80),
+    }
+    messages = iter(
+        [
+            {"type": "http.request", "body": b'{"model": "fake-model", ', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    with caplog.at_level(logging.INFO):
+        await app(scope, receive, send)
+    assert sent == []
+    assert not any(e.received for e in fake_engines)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    [record] = [r for r in caplog.records if r.name == "tern.access"]
+    assert json.loads(JsonFormatter().format(record))["status"] == 499
