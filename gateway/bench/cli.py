@@ -11,6 +11,7 @@ BENCHMARKS = {
     "engine-hf": "engine.bench.hf_baseline",
     "shared-prefix": "engine.bench.shared_prefix",
     "kernels": "engine.bench.kernels",
+    "int4-quality": "engine.bench.int4_quality",
 }
 
 

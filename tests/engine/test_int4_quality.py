@@ -6,39 +6,32 @@ float32, the only SmolLM2 weights available offline. AWQ calibrates on one publi
 Prejudice, ch. 1), both in tests/data. Measured figures are in docs/quantization.md.
 """
 
-import copy
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
+from engine.bench.int4_quality import perplexity, quantized_copy
 from engine.config import EngineConfig
 from engine.layers.quant import Int4Linear
-from engine.layers.quant.awq import awq_quantize
-from engine.layers.quant.swap import quantize_linears
 from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel
 from engine.protocol import ChatMessage, GenerateRequest, SamplingParams
+from engine.quantize import calibration_ids
 
 pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).parent.parent / "data"
 CALIBRATION_TEXT = DATA / "alice_in_wonderland_ch1.txt"
 EVALUATION_TEXT = DATA / "pride_and_prejudice_ch1.txt"
-CALIBRATION_SEQUENCES = 10  # all 2730 tokens of the chapter but the last 170
+CALIBRATION_SEQUENCES = 10  # the chapter's 2730 tokens in whole sequences of 256
 CALIBRATION_SEQUENCE_LENGTH = 256
 GROUP_SIZE = 128
 # The issue asks for AWQ within 5% of float. On this 135M model AWQ g128 does not get there: it
 # measured +7.8%, and +8.7% to +11.3% with other amounts of calibration text (docs/quantization.md).
 # The bound leaves a margin for numerical drift across CPUs. RTN measured +27%.
 AWQ_MAX_PPL_INCREASE = 0.12
-
-
-@torch.no_grad()
-def perplexity(model: nn.Module, ids: torch.Tensor) -> float:
-    logits = model.compute_logits(model(ids, torch.arange(len(ids))))
-    return torch.exp(torch.nn.functional.cross_entropy(logits[:-1], ids[1:])).item()
 
 
 def encode(loaded: LoadedModel, path: Path) -> torch.Tensor:
@@ -48,23 +41,22 @@ def encode(loaded: LoadedModel, path: Path) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def quantized(default_model: LoadedModel) -> dict[str, nn.Module]:
     """RTN and AWQ copies of the shared model (the shared instance stays float)."""
-    rtn = copy.deepcopy(default_model.model)
-    quantize_linears(rtn, "int4", group_size=GROUP_SIZE)
-
-    calibration = encode(default_model, CALIBRATION_TEXT)
-    length = CALIBRATION_SEQUENCES * CALIBRATION_SEQUENCE_LENGTH
-    assert len(calibration) >= length
-    awq = copy.deepcopy(default_model.model)
-    awq_quantize(awq, calibration[:length].view(CALIBRATION_SEQUENCES, -1), GROUP_SIZE)
-    return {"rtn": rtn, "awq": awq}
+    calibration = calibration_ids(
+        default_model.tokenizer, CALIBRATION_TEXT.read_text(), CALIBRATION_SEQUENCE_LENGTH
+    )
+    assert calibration.shape[0] == CALIBRATION_SEQUENCES
+    return {
+        method: quantized_copy(default_model, method, GROUP_SIZE, calibration) for method in ("rtn", "awq")
+    }
 
 
 def test_awq_int4_perplexity_close_to_float_and_not_worse_than_rtn(
     default_model: LoadedModel, quantized: dict[str, nn.Module]
 ) -> None:
     eval_ids = encode(default_model, EVALUATION_TEXT)
-    baseline = perplexity(default_model.model, eval_ids)
-    ppl = {method: perplexity(model, eval_ids) for method, model in quantized.items()}
+    window = default_model.config.max_position_embeddings
+    baseline = perplexity(default_model.model, eval_ids, window)
+    ppl = {method: perplexity(model, eval_ids, window) for method, model in quantized.items()}
     print(
         f"\nperplexity on {len(eval_ids)} tokens: float {baseline:.3f}, "
         + ", ".join(f"{m} g{GROUP_SIZE} {p:.3f} (+{100 * (p / baseline - 1):.1f}%)" for m, p in ppl.items())
