@@ -80,9 +80,7 @@ def _paged_decode_kernel(
 
     out = acc / l_i[:, None]
     out_offsets = seq * stride_out_seq + heads[:, None] * stride_out_head + offs_d[None, :]
-    tl.store(
-        out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :]
-    )
+    tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
 def paged_attention(

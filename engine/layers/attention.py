@@ -45,10 +45,7 @@ class Attention(nn.Module):
             out = self._attend_uncached(q, k, v)
         elif self.k_cache.numel() == 0:
             out = torch.cat(
-                [
-                    self._attend_uncached(q[a:b], k[a:b], v[a:b])
-                    for a, b in _row_ranges(ctx.query_lens_host)
-                ]
+                [self._attend_uncached(q[a:b], k[a:b], v[a:b]) for a, b in _row_ranges(ctx.query_lens_host)]
             )
         else:
             _store_kv(k, v, self.k_cache, self.v_cache, ctx.slot_mapping)
