@@ -31,9 +31,19 @@ import triton
 import triton.language as tl
 
 from engine.kernels import INTERPRET
+from engine.kernels.launch import (
+    DECODE_MAX_M,
+    decode_configs,
+    gemm_configs,
+    interpreter_config,
+    matmul_grid,
+    output_buffer,
+)
 
-DECODE_MAX_M = 16
 SUPPORTED_GROUP_SIZES = (32, 64, 128)
+DECODE_BLOCK_KS = (32, 64, 128)
+DECODE_SPLIT_KS = (1, 2, 4, 8, 16)
+GEMM_BLOCK_KS = (32, 64, 128)
 
 
 @triton.jit
@@ -111,41 +121,15 @@ def _prune_configs(configs: list[triton.Config], named_args: dict, **kwargs: obj
     return [c for c in configs if group_size % c.kwargs["BLOCK_K"] == 0]
 
 
-def _decode_configs() -> list[triton.Config]:
-    return [
-        triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=w, num_stages=s)
-        for bn in (32, 64, 128)
-        for bk in (32, 64, 128)
-        for sk in (1, 2, 4, 8, 16)
-        for w, s in ((4, 3), (4, 4), (8, 4))
-    ]
-
-
-def _gemm_configs() -> list[triton.Config]:
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1}, num_warps=w, num_stages=s)
-        for bm, bn in ((32, 64), (64, 64), (64, 128), (128, 64), (128, 128))
-        for bk in (32, 64, 128)
-        for w, s in ((4, 3), (8, 3), (4, 4))
-    ]
-
-
 @functools.cache
 def _tuned_kernel(decode: bool) -> triton.runtime.Autotuner:
     """Autotuned variants, built lazily: constructing an autotuner needs a GPU driver."""
     return triton.autotune(
-        configs=_decode_configs() if decode else _gemm_configs(),
+        configs=decode_configs(DECODE_BLOCK_KS, DECODE_SPLIT_KS) if decode else gemm_configs(GEMM_BLOCK_KS),
         key=["M_BUCKET", "N", "K", "GROUP_SIZE"],
         prune_configs_by={"early_config_prune": _prune_configs},
         reset_to_zero=["out_ptr"] if decode else None,
     )(_int4_matmul_kernel)
-
-
-def _interpreter_config(m: int, group_size: int) -> dict[str, int]:
-    block_k = min(32, group_size)
-    if m <= DECODE_MAX_M:
-        return {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": block_k, "SPLIT_K": 2}
-    return {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": block_k, "SPLIT_K": 1}
 
 
 def int4_matmul(
@@ -160,13 +144,10 @@ def int4_matmul(
         x2 = x2.contiguous()
     m = x2.shape[0]
     decode = m <= DECODE_MAX_M
-    out = torch.zeros((m, n), device=x.device, dtype=torch.float32) if decode else x.new_empty((m, n))
+    out = output_buffer(x2, m, n, decode)
     if m == 0:
         return out.to(x.dtype).reshape(*x.shape[:-1], n)
-
-    def grid(meta: dict) -> tuple[int, int]:
-        return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
-
+    grid = matmul_grid(m, n)
     args = (x2, qweight, scales, mins, out, m, n, k, x2.stride(0), out.stride(0))
     common = {
         "M_BUCKET": triton.next_power_of_2(m),
@@ -175,7 +156,7 @@ def int4_matmul(
         "DOT_FP32": INTERPRET or x.dtype == torch.float32,
     }
     if INTERPRET:
-        cfg = _interpreter_config(m, group_size)
+        cfg = interpreter_config(decode, block_k=min(32, group_size))
         _int4_matmul_kernel[grid(cfg)](*args, **common, **cfg, num_warps=4)
     else:
         _tuned_kernel(decode)[grid](*args, **common)

@@ -26,8 +26,18 @@ import triton
 import triton.language as tl
 
 from engine.kernels import INTERPRET
+from engine.kernels.launch import (
+    DECODE_MAX_M,
+    decode_configs,
+    gemm_configs,
+    interpreter_config,
+    matmul_grid,
+    output_buffer,
+)
 
-DECODE_MAX_M = 16
+DECODE_BLOCK_KS = (64, 128, 256)
+DECODE_SPLIT_KS = (1, 2, 4, 8)
+GEMM_BLOCK_KS = (64, 128)
 ACT_QMAX = 127
 ACT_EPS = 1e-5  # lower bound on a row's absmax, as in transformers' BitLinear
 
@@ -121,30 +131,11 @@ def _ternary_matmul_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _decode_configs() -> list[triton.Config]:
-    return [
-        triton.Config({"BLOCK_M": 16, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": sk}, num_warps=w, num_stages=s)
-        for bn in (32, 64, 128)
-        for bk in (64, 128, 256)
-        for sk in (1, 2, 4, 8)
-        for w, s in ((4, 3), (4, 4), (8, 4))
-    ]
-
-
-def _gemm_configs() -> list[triton.Config]:
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "SPLIT_K": 1}, num_warps=w, num_stages=s)
-        for bm, bn in ((32, 64), (64, 64), (64, 128), (128, 64), (128, 128))
-        for bk in (64, 128)
-        for w, s in ((4, 3), (8, 3), (4, 4))
-    ]
-
-
 @functools.cache
 def _tuned_kernel(decode: bool) -> triton.runtime.Autotuner:
     """Autotuned variants, built lazily: constructing an autotuner needs a GPU driver."""
     return triton.autotune(
-        configs=_decode_configs() if decode else _gemm_configs(),
+        configs=decode_configs(DECODE_BLOCK_KS, DECODE_SPLIT_KS) if decode else gemm_configs(GEMM_BLOCK_KS),
         key=["M_BUCKET", "N", "K"],
         reset_to_zero=["out_ptr"] if decode else None,
     )(_ternary_matmul_kernel)
@@ -173,20 +164,12 @@ def ternary_matmul(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor
     m = x2.shape[0]
     xq, x_scale = quantize_activations(x2)
     decode = m <= DECODE_MAX_M
-    out = torch.zeros((m, n), device=x.device, dtype=torch.float32) if decode else x.new_empty((m, n))
+    out = output_buffer(x2, m, n, decode)
     if m:
-
-        def grid(meta: dict) -> tuple[int, int]:
-            return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), meta["SPLIT_K"])
-
+        grid = matmul_grid(m, n)
         args = (xq, x_scale, qweight, w_scale, out, m, n, k, out.stride(0), triton.next_power_of_2(m))
         if INTERPRET:
-            cfg = {
-                "BLOCK_M": 16 if decode else 32,
-                "BLOCK_N": 32,
-                "BLOCK_K": 32,
-                "SPLIT_K": 2 if decode else 1,
-            }
+            cfg = interpreter_config(decode, block_k=32)
             _ternary_matmul_kernel[grid(cfg)](*args, ATOMIC_OUT=decode, **cfg)
         else:
             _tuned_kernel(decode)[grid](*args, ATOMIC_OUT=decode)
