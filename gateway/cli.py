@@ -25,21 +25,31 @@ def _settings():
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
+    import shutil
+
     import uvicorn
 
+    from gateway.metrics import prepare_multiprocess_dir
+
     settings = _settings()
-    uvicorn.run(
-        "gateway.app:create_app",
-        factory=True,
-        host=args.host or settings.host,
-        port=args.port or settings.port,
-        workers=args.workers,
-        log_config=None,  # gateway.logging configures JSON logs
-        access_log=False,  # the gateway writes its own access log line
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-    )
+    # Several workers: /metrics must sum them all, not show whichever worker answers the scrape.
+    metrics_dir = prepare_multiprocess_dir() if args.workers > 1 else None
+    try:
+        uvicorn.run(
+            "gateway.app:create_app",
+            factory=True,
+            host=args.host or settings.host,
+            port=args.port or settings.port,
+            workers=args.workers,
+            log_config=None,  # gateway.logging configures JSON logs
+            access_log=False,  # the gateway writes its own access log line
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+        )
+    finally:
+        if metrics_dir is not None:
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
 
 

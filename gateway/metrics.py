@@ -2,14 +2,26 @@
 
 Other modules add their own metrics to ``REGISTRY`` (or use the shared ones below).
 Routes are labelled by their template (``/admin/keys/{key_id}``), never the raw path.
+
+With several worker processes (``tern gateway --workers N``) each worker counts in its own memory,
+and a scrape would see only the worker that answered it. prometheus-client's multiprocess mode
+fixes that: with ``PROMETHEUS_MULTIPROC_DIR`` set before the workers start, every worker writes its
+values to files there and ``/metrics`` sums them. Only counters and histograms are used here, which
+that mode sums without extra settings.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.multiprocess import MultiProcessCollector
+
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -66,3 +78,29 @@ requests_by = Children(REQUESTS)
 request_latency_by = Children(REQUEST_LATENCY)
 upstream_latency_by = Children(UPSTREAM_LATENCY)
 upstream_ttft_by = Children(UPSTREAM_TIME_TO_FIRST_TOKEN)
+
+
+def exposition() -> bytes:
+    """The text ``/metrics`` serves: this process's registry, or every worker's values summed."""
+    if MULTIPROCESS_DIR_ENV not in os.environ:
+        return generate_latest(REGISTRY)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)
+    return generate_latest(registry)
+
+
+def prepare_multiprocess_dir() -> Path | None:
+    """Before starting worker processes: an empty directory for their metric files, named in the
+    environment the workers inherit. Returns the directory when it was created here (the caller
+    removes it), None when the operator named one (its old files are removed, as
+    prometheus-client asks, so a restart does not add up the previous run's counts)."""
+    named = os.environ.get(MULTIPROCESS_DIR_ENV)
+    if named:
+        directory = Path(named)
+        directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.db"):
+            stale.unlink()
+        return None
+    directory = Path(tempfile.mkdtemp(prefix="tern-metrics-"))
+    os.environ[MULTIPROCESS_DIR_ENV] = str(directory)
+    return directory

@@ -7,11 +7,11 @@ import logging
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
 from gateway.errors import error_body
-from gateway.metrics import REGISTRY
+from gateway.metrics import exposition
 
 router = APIRouter(tags=["ops"])
 log = logging.getLogger(__name__)
@@ -62,4 +62,4 @@ async def readyz(request: Request) -> JSONResponse:
 
 @router.get("/metrics")
 async def metrics() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(), media_type=CONTENT_TYPE_LATEST)

@@ -8,7 +8,7 @@
 - ``app``: the app with its lifespan running; ``client``: an httpx client bound to it.
 - ``admin_headers``: headers carrying the bootstrap platform admin key.
 - ``create_tenant_and_key(**key_fields)``: a new tenant and a key for it, through the admin API.
-- ``gateway_processes(count, **env)``: real ``tern gateway`` subprocesses; returns their base URLs.
+- ``gateway_processes(count, workers=1, **env)``: real ``tern gateway`` subprocesses; returns their base URLs.
 """
 
 from __future__ import annotations
@@ -133,11 +133,12 @@ def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout_s: fl
 
 @pytest.fixture
 def gateway_processes(gateway_settings: Settings) -> Iterator[Callable[..., list[str]]]:
-    """``gateway_processes(count, **env)`` starts ``count`` real gateways (in parallel) sharing the
-    test database and Redis, and returns their base URLs; all are stopped after the test."""
+    """``gateway_processes(count, workers=1, **env)`` starts ``count`` real gateways (in parallel),
+    each with ``workers`` worker processes, sharing the test database and Redis, and returns their
+    base URLs; all are stopped after the test."""
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(count: int = 1, **env_overrides: str) -> list[str]:
+    def start(count: int = 1, workers: int = 1, **env_overrides: str) -> list[str]:
         env = {
             **os.environ,
             "TERN_DATABASE_URL": gateway_settings.database_url,
@@ -160,6 +161,8 @@ def gateway_processes(gateway_settings: Settings) -> Iterator[Callable[..., list
                 "127.0.0.1",
                 "--port",
                 str(port),
+                "--workers",
+                str(workers),
             ]
             process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
             processes.append(process)
