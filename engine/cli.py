@@ -58,6 +58,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight quantization (default: what the checkpoint holds; int4/bitnet quantize a float one)",
     )
     p.add_argument(
+        "--no-pack-cpu-linears",
+        dest="pack_cpu_linears",
+        action="store_false",
+        help="on CPU in float32, do not keep a second, MKL-packed copy of each weight "
+        "(it makes decode steps of 6 to 16 sequences faster)",
+    )
+    p.add_argument(
         "--num-threads",
         type=int,
         help="torch CPU threads (default: OMP_NUM_THREADS, else the physical cores available less one, "
@@ -83,6 +90,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
         num_threads=args.num_threads,
         served_model_name=args.served_model_name,
         quant=args.quant,
+        pack_cpu_linears=args.pack_cpu_linears,
     )
 
 

@@ -19,6 +19,7 @@ from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
 from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.config import EngineConfig
+from engine.layers.packed_linear import pack_cpu_linears
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
@@ -125,7 +126,10 @@ class LLMEngine:
         from engine.loader.load import load_model
 
         device = config.resolved_device()
-        loaded = load_model(config.model, device, config.resolved_dtype(device), quant=config.quant)
+        dtype = config.resolved_dtype(device)
+        loaded = load_model(config.model, device, dtype, quant=config.quant)
+        if config.pack_cpu_linears and device.type == "cpu" and dtype == torch.float32:
+            pack_cpu_linears(loaded.model)  # this engine loaded the model, so it may rewrite its modules
         return cls(
             config,
             model=loaded.model,
