@@ -2,7 +2,7 @@
 
 MKL's ``sgemm`` re-packs the weight matrix on every call. With the few rows of a decode step that
 packing costs more than the arithmetic: on the development CPU a 16-row linear of SmolLM2's shapes
-ran 1.7 to 2.5 times faster with a weight packed once, at load (docs/engine.md, "CPU linears").
+ran 1.6 to 2.5 times faster with a weight packed once, at load (docs/engine.md, "CPU linears").
 MKL's packed GEMM serves one row count, so batches of ``MIN_PACKED_ROWS`` to ``PACKED_ROWS`` rows are
 padded to ``PACKED_ROWS`` and take it. Smaller ones keep ``F.linear`` (MKL's matrix-vector path is
 faster there), and so do larger ones (prefill), whose packing cost is spread over many rows.
