@@ -1,7 +1,8 @@
 """INT4 quality: perplexity of a model quantized with RTN and AWQ at each group size, against float.
 
     python -m engine.bench.int4_quality --eval-file tests/data/pride_and_prejudice_ch1.txt \\
-        [--model M] [--calib-file F] [--methods rtn awq] [--group-sizes 32 64 128] [--threads 1]
+        [--model M] [--calib-file F] [--methods rtn awq] [--group-sizes 32 64 128] [--distill N] \\
+        [--threads 1]
 
 Prints one JSON line. The evaluation text is scored in windows of the model's context (one window
 when it fits). AWQ calibrates on ``--calib-file`` (default: the text ``tern quantize`` uses), cut
@@ -14,15 +15,24 @@ import argparse
 import copy
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from engine.layers.quant.awq import awq_quantize
+from engine.layers.quant.distill import distill_int4_scales
 from engine.layers.quant.swap import quantize_linears
 from engine.loader.load import LoadedModel, load_model
-from engine.quantize import GROUP_SIZES, METHODS, calibration_ids, default_calibration_text
+from engine.quantize import (
+    DISTILL_SEQ_LEN,
+    GROUP_SIZES,
+    METHODS,
+    calibration_ids,
+    default_calibration_text,
+    generated_sequences,
+)
 
 
 @torch.no_grad()
@@ -36,13 +46,25 @@ def perplexity(model: nn.Module, ids: torch.Tensor, window: int) -> float:
     return torch.exp(torch.cat(losses).mean()).item()
 
 
-def quantized_copy(loaded: LoadedModel, method: str, group_size: int, calibration: torch.Tensor) -> nn.Module:
-    """A copy of ``loaded.model`` with every decoder linear INT4 (``calibration [S, L]`` feeds AWQ)."""
+def quantized_copy(
+    loaded: LoadedModel,
+    method: str,
+    group_size: int,
+    calibration: torch.Tensor,
+    distill_data: Sequence[torch.Tensor] = (),
+) -> nn.Module:
+    """A copy of ``loaded.model`` with every decoder linear INT4 (``calibration [S, L]`` feeds AWQ).
+
+    With ``distill_data``, the scales are then distilled from ``loaded.model`` on those sequences and
+    the calibration ones, as ``tern quantize --distill`` does.
+    """
     model = copy.deepcopy(loaded.model)
     if method == "rtn":
         quantize_linears(model, "int4", group_size=group_size)
     else:
         awq_quantize(model, calibration, group_size)
+    if distill_data:
+        distill_int4_scales(model, loaded.model, [*distill_data, *calibration])
     return model
 
 
@@ -54,6 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-seq-len", type=int, default=256)
     p.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     p.add_argument("--group-sizes", nargs="+", type=int, choices=GROUP_SIZES, default=[128])
+    p.add_argument(
+        "--distill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also report AWQ with scales distilled on N generated sequences (tern quantize --distill N)",
+    )
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = p.parse_args(argv)
     if args.threads:
@@ -65,16 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     calib_text = default_calibration_text() if args.calib_file is None else args.calib_file.read_text("utf-8")
     calibration = calibration_ids(loaded.tokenizer, calib_text, args.calib_seq_len)
     baseline = perplexity(loaded.model, eval_ids, window)
+    started = time.perf_counter()
+    generated = generated_sequences(loaded, count=args.distill) if args.distill else []
+    generation_s = time.perf_counter() - started
+    variants = [(method, ()) for method in args.methods] + ([("awq", generated)] if generated else [])
     results = []
     for group_size in args.group_sizes:
-        for method in args.methods:
+        for method, distill_data in variants:
             started = time.perf_counter()
-            model = quantized_copy(loaded, method, group_size, calibration)
+            model = quantized_copy(loaded, method, group_size, calibration, distill_data)
             seconds = time.perf_counter() - started
             ppl = perplexity(model, eval_ids, window)
             results.append(
                 {
-                    "method": method,
+                    "method": method + ("+distill" if distill_data else ""),
                     "group_size": group_size,
                     "perplexity": round(ppl, 3),
                     "vs_float_pct": round(100 * (ppl / baseline - 1), 2),
@@ -86,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         "eval_file": str(args.eval_file),
         "eval_tokens": len(eval_ids),
         "calibration": list(calibration.shape),
+        "distill_generated": [len(generated), DISTILL_SEQ_LEN] if generated else None,
+        "generation_s": round(generation_s, 1) if generated else None,
         "threads": torch.get_num_threads(),
         "float_perplexity": round(baseline, 3),
         "results": results,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from engine.config import EngineConfig
@@ -123,13 +124,24 @@ def test_rtn_checkpoint_holds_exactly_the_round_to_nearest_weights(
     torch.testing.assert_close(logits(loaded), expected, rtol=1e-3, atol=2e-3 * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("distill_sequences", [0, 3])
 @torch.no_grad()
-def test_awq_checkpoint_equals_the_model_it_was_written_from(float_dir: Path, tmp_path: Path) -> None:
-    """AWQ's folded scales (in norms and linears) and clipped weights all reach the checkpoint."""
+def test_awq_checkpoint_equals_the_model_it_was_written_from(
+    distill_sequences: int, float_dir: Path, tmp_path: Path
+) -> None:
+    """AWQ's folded scales (in norms and linears), clipped weights and distilled scales all reach
+    the checkpoint."""
     quantized = quantize_model(
-        float_dir, method="awq", group_size=64, device="cpu", calibration_text=SHORT_TEXT
+        float_dir,
+        method="awq",
+        group_size=64,
+        device="cpu",
+        calibration_text=SHORT_TEXT,
+        distill_sequences=distill_sequences,
     )
-    write_checkpoint(quantized, tmp_path, method="awq", group_size=64)
+    write_checkpoint(quantized, tmp_path, method="awq", group_size=64, distill_sequences=distill_sequences)
+    made_by = safe_open(tmp_path / "model.safetensors", "pt").metadata()["quantized_by"]
+    assert made_by.endswith("--distill 3" if distill_sequences else "--group-size 64")
     loaded = load_model(tmp_path, "cpu", torch.float32, progress=False)
     # The checkpoint stores float tensors in fp16, and zero points: min = -zero * (fp16 scale).
     for tensor in quantized.model.state_dict().values():
@@ -222,6 +234,8 @@ def test_cli_refuses_bad_requests(
         main(["--method", "rtn", "--calib-file", "x.txt", "--out", str(tmp_path / "a")])
     with pytest.raises(SystemExit):
         main(["--group-size", "96", "--out", str(tmp_path / "a")])
+    with pytest.raises(SystemExit):
+        main(["--distill", "-1", "--out", str(tmp_path / "a")])
     assert (
         main(
             ["--model", str(float_dir), "--method", "rtn", "--group-size", "32", "--out", str(tmp_path / "q")]
