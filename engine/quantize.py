@@ -28,12 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.config import EngineConfig
 from engine.layers.quant import Int4Linear
 from engine.layers.quant.awq import awq_quantize
 from engine.layers.quant.checkpoint import checkpoint_quant
 from engine.layers.quant.distill import distill_int4_scales
 from engine.layers.quant.formats import awq_gemm_from_int4
 from engine.layers.quant.swap import quantize_linears
+from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel, default_model_path, load_model
 from engine.loader.progress import ProgressBar
 from engine.loader.save import save_hf_dir
@@ -74,10 +76,6 @@ def generated_sequences(
     """``count`` sequences of ``length`` tokens that ``loaded.model`` samples (temperature 1), each
     from one random word of its vocabulary: data-free distillation data, as in LLM-QAT (Liu et al.,
     2023), that covers what the model itself writes rather than one calibration text."""
-    # Imported here: the engine imports the loader, which this module's callers already hold.
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
-
     tokenizer = loaded.tokenizer
     length = min(length, loaded.config.max_position_embeddings)
     vocabulary = range(tokenizer.vocab_size)

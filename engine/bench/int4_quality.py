@@ -83,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also report AWQ with scales distilled on N generated sequences (tern quantize --distill N)",
     )
+    p.add_argument("--seed", type=int, default=0, help="seed of the generated distillation sequences")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
     args = p.parse_args(argv)
     if args.threads:
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration = calibration_ids(loaded.tokenizer, calib_text, args.calib_seq_len)
     baseline = perplexity(loaded.model, eval_ids, window)
     started = time.perf_counter()
-    generated = generated_sequences(loaded, count=args.distill) if args.distill else []
+    generated = generated_sequences(loaded, count=args.distill, seed=args.seed) if args.distill else []
     generation_s = time.perf_counter() - started
     variants = [(method, ()) for method in args.methods] + ([("awq", generated)] if generated else [])
     results = []
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         "eval_tokens": len(eval_ids),
         "calibration": list(calibration.shape),
         "distill_generated": [len(generated), DISTILL_SEQ_LEN] if generated else None,
+        "seed": args.seed,
         "generation_s": round(generation_s, 1) if generated else None,
         "threads": torch.get_num_threads(),
         "float_perplexity": round(baseline, 3),
