@@ -3,7 +3,8 @@
 The float baseline is the model as the engine loads it: its Q4_1 GGUF weights dequantized to
 float32, the only SmolLM2 weights available offline. AWQ calibrates on one public-domain text
 (Alice's Adventures in Wonderland, ch. I) and perplexity is measured on another (Pride and
-Prejudice, ch. 1), both in tests/data. Measured figures are in docs/quantization.md.
+Prejudice, ch. 1), both in tests/data. The distilled model (``tern quantize --distill``) also
+learns from sequences the float model generates. Measured figures are in docs/quantization.md.
 """
 
 from pathlib import Path
@@ -18,7 +19,7 @@ from engine.layers.quant import Int4Linear
 from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel
 from engine.protocol import ChatMessage, GenerateRequest, SamplingParams
-from engine.quantize import calibration_ids
+from engine.quantize import calibration_ids, generated_sequences
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +29,11 @@ EVALUATION_TEXT = DATA / "pride_and_prejudice_ch1.txt"
 CALIBRATION_SEQUENCES = 10  # the chapter's 2730 tokens in whole sequences of 256
 CALIBRATION_SEQUENCE_LENGTH = 256
 GROUP_SIZE = 128
-# The issue asks for AWQ within 5% of float. On this 135M model AWQ g128 does not get there: it
-# measured +7.8%, and +8.7% to +11.3% with other amounts of calibration text (docs/quantization.md).
-# The bound leaves a margin for numerical drift across CPUs. RTN measured +27%.
+DISTILL_SEQUENCES = 128
+# AWQ alone measured +7.8% (and +8.7% to +11.3% with other amounts of calibration text); RTN +27%.
 AWQ_MAX_PPL_INCREASE = 0.12
+# The issue's bar. AWQ with distilled scales measured +4.3% (docs/quantization.md).
+DISTILLED_MAX_PPL_INCREASE = 0.05
 
 
 def encode(loaded: LoadedModel, path: Path) -> torch.Tensor:
@@ -40,17 +42,20 @@ def encode(loaded: LoadedModel, path: Path) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def quantized(default_model: LoadedModel) -> dict[str, nn.Module]:
-    """RTN and AWQ copies of the shared model (the shared instance stays float)."""
+    """RTN, AWQ and distilled AWQ copies of the shared model (the shared instance stays float)."""
     calibration = calibration_ids(
         default_model.tokenizer, CALIBRATION_TEXT.read_text(), CALIBRATION_SEQUENCE_LENGTH
     )
     assert calibration.shape[0] == CALIBRATION_SEQUENCES
-    return {
+    generated = generated_sequences(default_model, count=DISTILL_SEQUENCES)
+    models = {
         method: quantized_copy(default_model, method, GROUP_SIZE, calibration) for method in ("rtn", "awq")
     }
+    models["awq+distill"] = quantized_copy(default_model, "awq", GROUP_SIZE, calibration, generated)
+    return models
 
 
-def test_awq_int4_perplexity_close_to_float_and_not_worse_than_rtn(
+def test_int4_perplexity_close_to_float_and_awq_not_worse_than_rtn(
     default_model: LoadedModel, quantized: dict[str, nn.Module]
 ) -> None:
     eval_ids = encode(default_model, EVALUATION_TEXT)
@@ -68,15 +73,17 @@ def test_awq_int4_perplexity_close_to_float_and_not_worse_than_rtn(
     assert ppl["rtn"] > baseline  # the quantization really happened
     assert ppl["awq"] <= ppl["rtn"]
     assert ppl["awq"] <= baseline * (1 + AWQ_MAX_PPL_INCREASE)
+    assert ppl["awq+distill"] <= baseline * (1 + DISTILLED_MAX_PPL_INCREASE)
 
 
+@pytest.mark.parametrize("method", ["awq", "awq+distill"])
 def test_awq_int4_model_generates_coherent_text(
-    default_model: LoadedModel, quantized: dict[str, nn.Module]
+    method: str, default_model: LoadedModel, quantized: dict[str, nn.Module]
 ) -> None:
     """Through the real engine (scheduler, paged KV cache, sampler), greedy."""
     engine = LLMEngine(
         EngineConfig(device="cpu", num_kv_blocks=64),
-        model=quantized["awq"],
+        model=quantized[method],
         tokenizer=default_model.tokenizer,
         model_config=default_model.config,
         model_name="smollm2-awq-int4",
@@ -87,5 +94,5 @@ def test_awq_int4_model_generates_coherent_text(
         sampling=SamplingParams(temperature=0.0, max_tokens=16),
     )
     text = "".join(frame.text for frame in engine.generate([request])["paris"] if frame.type == "delta")
-    print(f"\nAWQ INT4 answer: {text!r}")
+    print(f"\n{method} INT4 answer: {text!r}")
     assert "Paris" in text, text
