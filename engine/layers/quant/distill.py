@@ -43,9 +43,10 @@ class ScaleTunedInt4(nn.Module):
         self.weight = linear.int4_weight()
         self.zeros = torch.round(-self.weight.mins / self.weight.scales)
         n, k, g = self.weight.out_features, self.weight.in_features, self.weight.group_size
-        codes = torch.zeros((n, self.zeros.shape[1] * g), device=self.zeros.device)
-        codes[:, :k] = self.weight.codes.float()
-        self.steps = codes.view(n, -1, g) - self.zeros[..., None]  # code - zero, per group
+        codes = torch.zeros((n, self.zeros.shape[1] * g), dtype=torch.int8, device=self.zeros.device)
+        codes[:, :k] = self.weight.codes
+        # code - zero, in -15..15: one byte per weight while the model trains
+        self.steps = codes.view(n, -1, g) - self.zeros[..., None].to(torch.int8)
         self.log_gain = nn.Parameter(torch.zeros_like(self.zeros))
 
     def tuned_scales(self) -> torch.Tensor:
@@ -53,7 +54,8 @@ class ScaleTunedInt4(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.steps.shape[0]
-        weight = (self.steps * self.tuned_scales()[..., None]).view(n, -1)[:, : self.weight.in_features]
+        scales = self.tuned_scales()
+        weight = (self.steps.to(scales.dtype) * scales[..., None]).view(n, -1)[:, : self.weight.in_features]
         out = F.linear(x, weight.to(x.dtype))
         return out if self.source.bias is None else out + self.source.bias.to(out.dtype)
 
