@@ -50,6 +50,7 @@ MIN_CALIBRATION_TOKENS = 32
 DISTILL_SEQ_LEN = 256
 """Tokens per generated distillation sequence."""
 GENERATION_BATCH = 32
+"""Sequences generated at once (the engine's batch); the KV cache is sized for exactly these."""
 FLOAT_DTYPE = torch.float16
 """What the tensors left in float (embedding, norms, lm_head, biases) are stored as, as AutoAWQ does."""
 
