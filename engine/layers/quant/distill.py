@@ -40,22 +40,22 @@ class ScaleTunedInt4(nn.Module):
     def __init__(self, linear: Int4Linear) -> None:
         super().__init__()
         self.source = linear
-        self.weight = linear.int4_weight()
-        self.zeros = torch.round(-self.weight.mins / self.weight.scales)
-        n, k, g = self.weight.out_features, self.weight.in_features, self.weight.group_size
+        self.int4 = linear.int4_weight()
+        self.zeros = torch.round(-self.int4.mins / self.int4.scales)
+        n, k, g = self.int4.out_features, self.int4.in_features, self.int4.group_size
         codes = torch.zeros((n, self.zeros.shape[1] * g), dtype=torch.int8, device=self.zeros.device)
-        codes[:, :k] = self.weight.codes
+        codes[:, :k] = self.int4.codes
         # code - zero, in -15..15: one byte per weight while the model trains
         self.steps = codes.view(n, -1, g) - self.zeros[..., None].to(torch.int8)
         self.log_gain = nn.Parameter(torch.zeros_like(self.zeros))
 
     def tuned_scales(self) -> torch.Tensor:
-        return self.weight.scales * self.log_gain.exp()
+        return self.int4.scales * self.log_gain.exp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = self.steps.shape[0]
         scales = self.tuned_scales()
-        weight = (self.steps.to(scales.dtype) * scales[..., None]).view(n, -1)[:, : self.weight.in_features]
+        weight = (self.steps.to(scales.dtype) * scales[..., None]).view(n, -1)[:, : self.int4.in_features]
         out = F.linear(x, weight.to(x.dtype))
         return out if self.source.bias is None else out + self.source.bias.to(out.dtype)
 
@@ -63,7 +63,7 @@ class ScaleTunedInt4(nn.Module):
     def to_int4_linear(self) -> Int4Linear:
         """The source layer with the tuned scales (rounded to fp16, as ``Int4Linear`` stores them)."""
         scales = self.tuned_scales().half().float()
-        tuned = replace(self.weight, scales=scales, mins=-self.zeros * scales)
+        tuned = replace(self.int4, scales=scales, mins=-self.zeros * scales)
         bias = self.source.bias
         dtype = torch.float32 if bias is None else bias.dtype
         return Int4Linear(tuned, bias, device=self.zeros.device, dtype=dtype, backend=self.source.backend)
