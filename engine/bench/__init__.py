@@ -23,3 +23,18 @@ PROMPTS: list[str] = [
     "How do vaccines train the immune system?",
 ]
 """Sixteen prompts of mixed length (about 10 to 20 tokens)."""
+
+
+def cpu_model() -> str:
+    """The CPU's model name as ``lscpu`` shows it ("AMD EPYC", "Intel(R) Xeon(R) ..."), for the JSON
+    a benchmark prints: float results and timings both depend on it."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()

@@ -2,7 +2,7 @@
 
     python -m engine.bench.int4_quality --eval-file tests/data/pride_and_prejudice_ch1.txt \\
         [--model M] [--calib-file F] [--methods rtn awq] [--group-sizes 32 64 128] [--distill N] \\
-        [--threads 1]
+        [--seed S] [--threads 1]
 
 Prints one JSON line. The evaluation text is scored in windows of the model's context (one window
 when it fits). AWQ calibrates on ``--calib-file`` (default: the text ``tern quantize`` uses), cut
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.bench import cpu_model
 from engine.layers.quant.awq import awq_quantize
 from engine.layers.quant.distill import distill_int4_scales
 from engine.layers.quant.swap import quantize_linears
@@ -46,25 +47,23 @@ def perplexity(model: nn.Module, ids: torch.Tensor, window: int) -> float:
     return torch.exp(torch.cat(losses).mean()).item()
 
 
-def quantized_copy(
-    loaded: LoadedModel,
-    method: str,
-    group_size: int,
-    calibration: torch.Tensor,
-    distill_data: Sequence[torch.Tensor] = (),
-) -> nn.Module:
-    """A copy of ``loaded.model`` with every decoder linear INT4 (``calibration [S, L]`` feeds AWQ).
-
-    With ``distill_data``, the scales are then distilled from ``loaded.model`` on those sequences and
-    the calibration ones, as ``tern quantize --distill`` does.
-    """
+def quantized_copy(loaded: LoadedModel, method: str, group_size: int, calibration: torch.Tensor) -> nn.Module:
+    """A copy of ``loaded.model`` with every decoder linear INT4 (``calibration [S, L]`` feeds AWQ)."""
     model = copy.deepcopy(loaded.model)
     if method == "rtn":
         quantize_linears(model, "int4", group_size=group_size)
     else:
         awq_quantize(model, calibration, group_size)
-    if distill_data:
-        distill_int4_scales(model, loaded.model, [*distill_data, *calibration])
+    return model
+
+
+def distilled_copy(
+    loaded: LoadedModel, quantized: nn.Module, calibration: torch.Tensor, generated: Sequence[torch.Tensor]
+) -> nn.Module:
+    """A copy of the INT4 ``quantized`` with its scales distilled from ``loaded.model`` on the
+    ``generated`` sequences and the calibration ones, as ``tern quantize --distill`` does."""
+    model = copy.deepcopy(quantized)
+    distill_int4_scales(model, loaded.model, [*generated, *calibration])
     return model
 
 
@@ -79,9 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--distill",
         type=int,
-        default=0,
         metavar="N",
-        help="also report AWQ with scales distilled on N generated sequences (tern quantize --distill N)",
+        help="also report AWQ with scales distilled on N generated sequences plus the calibration text "
+        "(tern quantize --distill N; 0: the calibration text only)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the generated distillation sequences")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
@@ -95,34 +94,43 @@ def main(argv: list[str] | None = None) -> int:
     calib_text = default_calibration_text() if args.calib_file is None else args.calib_file.read_text("utf-8")
     calibration = calibration_ids(loaded.tokenizer, calib_text, args.calib_seq_len)
     baseline = perplexity(loaded.model, eval_ids, window)
+    distill = args.distill is not None
+    methods = list(dict.fromkeys([*args.methods, *(["awq"] if distill else [])]))
     started = time.perf_counter()
     generated = generated_sequences(loaded, count=args.distill, seed=args.seed) if args.distill else []
     generation_s = time.perf_counter() - started
-    variants = [(method, ()) for method in args.methods] + ([("awq", generated)] if generated else [])
     results = []
+
+    def record(name: str, group_size: int, model: nn.Module, seconds: float) -> None:
+        ppl = perplexity(model, eval_ids, window)
+        results.append(
+            {
+                "method": name,
+                "group_size": group_size,
+                "perplexity": round(ppl, 3),
+                "vs_float_pct": round(100 * (ppl / baseline - 1), 2),
+                "quantize_s": round(seconds, 1),
+            }
+        )
+
     for group_size in args.group_sizes:
-        for method, distill_data in variants:
+        for method in methods:
             started = time.perf_counter()
-            model = quantized_copy(loaded, method, group_size, calibration, distill_data)
-            seconds = time.perf_counter() - started
-            ppl = perplexity(model, eval_ids, window)
-            results.append(
-                {
-                    "method": method + ("+distill" if distill_data else ""),
-                    "group_size": group_size,
-                    "perplexity": round(ppl, 3),
-                    "vs_float_pct": round(100 * (ppl / baseline - 1), 2),
-                    "quantize_s": round(seconds, 1),
-                }
-            )
+            model = quantized_copy(loaded, method, group_size, calibration)
+            record(method, group_size, model, time.perf_counter() - started)
+            if method == "awq" and distill:
+                started = time.perf_counter()
+                tuned = distilled_copy(loaded, model, calibration, generated)
+                record("awq+distill", group_size, tuned, time.perf_counter() - started)
     report = {
         "model": str(loaded.path),
         "eval_file": str(args.eval_file),
         "eval_tokens": len(eval_ids),
         "calibration": list(calibration.shape),
-        "distill_generated": [len(generated), DISTILL_SEQ_LEN] if generated else None,
+        "distill_generated": [len(generated), DISTILL_SEQ_LEN] if distill else None,
         "seed": args.seed,
-        "generation_s": round(generation_s, 1) if generated else None,
+        "generation_s": round(generation_s, 1) if distill else None,
+        "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "float_perplexity": round(baseline, 3),
         "results": results,
