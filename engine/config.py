@@ -17,11 +17,14 @@ class EngineConfig:
     device: str = "auto"
     """auto | cpu | cuda; auto picks CUDA when available."""
     dtype: str = "auto"
-    """auto | float32 | float16 | bfloat16; auto is float32 on CPU and bfloat16 on CUDA."""
+    """auto | float32 | float16 | bfloat16. auto is bfloat16 on CUDA, and on a CPU with native bf16
+    arithmetic (AVX512-BF16 or AMX); float32 elsewhere. float32 is the exact path that matches
+    transformers; bfloat16 on CPU is the fast path (docs/engine.md, "The CPU fast path")."""
     block_size: int = 16
     """Tokens per KV-cache block (a power of two for the CUDA kernel)."""
-    kv_cache_gib: float = 1.0
-    """KV-cache budget on CPU."""
+    kv_cache_gib: float | None = None
+    """KV-cache budget on CPU; None sizes it for the model: room for one request of the full context
+    or ``KV_TOKENS_PER_SEQ`` tokens for each of ``max_num_seqs`` sequences, whichever is more."""
     gpu_memory_utilization: float = 0.9
     """Fraction of GPU memory the process may use on CUDA (weights + KV cache + activations)."""
     num_kv_blocks: int | None = None
@@ -58,8 +61,10 @@ class EngineConfig:
             raise ValueError("block_size must be a positive power of two")
         if self.max_num_seqs <= 0 or self.max_num_batched_tokens <= 0:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
-        if self.kv_cache_gib <= 0 or not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError("kv_cache_gib must be positive and gpu_memory_utilization in (0, 1]")
+        if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
+            raise ValueError("kv_cache_gib must be positive")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":
@@ -70,7 +75,8 @@ class EngineConfig:
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
-            return torch.bfloat16 if device.type == "cuda" else torch.float32
+            fast_bf16 = device.type == "cuda" or cpu_has_native_bf16()
+            return torch.bfloat16 if fast_bf16 else torch.float32
         return getattr(torch, self.dtype)
 
     def resolved_num_threads(self) -> int:
@@ -79,6 +85,16 @@ class EngineConfig:
         if (env := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(env) > 0:
             return int(env)
         return default_num_threads()
+
+
+KV_TOKENS_PER_SEQ = 128
+"""Cache tokens per sequence slot when ``kv_cache_gib`` is None (64 slots: 8,192 tokens, 180 MiB in
+bfloat16 for SmolLM2-135M). Short chats fit many times over; the scheduler preempts when it runs out."""
+
+
+def cpu_has_native_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 GEMMs run natively (without them oneDNN emulates bf16, slower than fp32)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def default_num_threads() -> int:

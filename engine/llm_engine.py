@@ -8,6 +8,8 @@ the server only has to route them to the right stream.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import random
 import time
@@ -97,7 +99,7 @@ class LLMEngine:
     ) -> None:
         self.config = config
         self.device = config.resolved_device()
-        self.dtype = config.resolved_dtype(self.device)
+        self.dtype = _activation_dtype(model)
         if self.device.type == "cpu":
             torch.set_num_threads(config.resolved_num_threads())
         self.tokenizer = tokenizer
@@ -127,9 +129,11 @@ class LLMEngine:
 
         device = config.resolved_device()
         dtype = config.resolved_dtype(device)
-        loaded = load_model(config.model, device, dtype, quant=config.quant)
-        if config.pack_cpu_linears and device.type == "cpu" and dtype == torch.float32:
+        fast_cpu = device.type == "cpu" and dtype == torch.bfloat16 and config.pack_cpu_linears
+        loaded = load_model(config.model, device, dtype, quant=config.quant, keep_gguf_int4=fast_cpu)
+        if config.pack_cpu_linears and device.type == "cpu":
             pack_cpu_linears(loaded.model)  # this engine loaded the model, so it may rewrite its modules
+        release_freed_memory()
         return cls(
             config,
             model=loaded.model,
@@ -392,3 +396,18 @@ class LLMEngine:
             for out in self.step():
                 frames[out.request_id].extend(out.frames)
         return frames
+
+
+def release_freed_memory() -> None:
+    """Hand the heap that loading freed (float copies, the GGUF's dequantized tensors) back to the OS.
+    glibc keeps freed blocks for reuse, so without this the process stays about 350 MB larger
+    than what it holds. A no-op where the C library has no ``malloc_trim``."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the model computes in (its embedding's), which the KV cache follows."""
+    return next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).weight.dtype

@@ -9,11 +9,13 @@ Only sequences whose last token is computed this step get logits and a sample.
 from __future__ import annotations
 
 import logging
+import math
 
+import numpy as np
 import torch
 from torch import nn
 
-from engine.config import EngineConfig
+from engine.config import KV_TOKENS_PER_SEQ, EngineConfig
 from engine.context import make_context, reset_context, set_context
 from engine.layers.attention import Attention
 from engine.model_config import ModelConfig
@@ -43,23 +45,18 @@ class ModelRunner:
             raise ValueError("the model has no engine.layers.attention.Attention layers")
         self.num_kv_heads = model_config.num_key_value_heads
         self.head_dim = model_config.head_dim
+        self.max_context = model_config.max_position_embeddings
+        if engine_config.max_model_len is not None:
+            self.max_context = min(self.max_context, engine_config.max_model_len)
         if engine_config.num_kv_blocks is not None:
             self.num_blocks = engine_config.num_kv_blocks
         else:
             self.num_blocks = self._blocks_from_budget(engine_config, engine_config.max_num_batched_tokens)
         if self.num_blocks <= 0:
             raise RuntimeError("the memory budget leaves no room for the KV cache")
-        # Zeros, not empty: padded reads are masked, but 0 * NaN would still poison the output.
-        self.kv_cache = torch.zeros(
-            2,
-            len(self.attention_layers),
-            self.num_blocks,
-            self.block_size,
-            self.num_kv_heads,
-            self.head_dim,
-            dtype=dtype,
-            device=device,
-        )
+        layers = len(self.attention_layers)
+        shape = (2, layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        self.kv_cache = _zeroed_pool(shape, dtype, device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache = self.kv_cache[0, i]
             layer.v_cache = self.kv_cache[1, i]
@@ -78,7 +75,10 @@ class ModelRunner:
 
     def _blocks_from_budget(self, config: EngineConfig, warmup_tokens: int) -> int:
         if self.device.type != "cuda":
-            return int(config.kv_cache_gib * _GIB // self.bytes_per_block)
+            if config.kv_cache_gib is not None:
+                return int(config.kv_cache_gib * _GIB // self.bytes_per_block)
+            tokens = max(self.max_context, config.max_num_seqs * KV_TOKENS_PER_SEQ)
+            return -(-tokens // self.block_size)
         # Measure the activation peak of the largest step, then give the rest of the budget to the cache.
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
@@ -144,3 +144,14 @@ class ModelRunner:
         for i, token in zip(sample_rows, sample(logits, [batch.seqs[i] for i in sample_rows]), strict=True):
             results[i] = token
         return results
+
+
+def _zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zero-filled KV pool. Zeros, not empty: padded reads are masked, but 0 * NaN would still
+    poison the output. On CPU the zeros come from calloc (through numpy), whose large allocations are
+    fresh zero pages: a block costs resident memory only once a token is written to it."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    raw = torch.from_numpy(np.zeros(math.prod(shape) * itemsize, dtype=np.uint8))
+    return raw.view(dtype).view(shape)

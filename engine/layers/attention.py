@@ -18,11 +18,18 @@ the whole input is one sequence.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.context import Context, get_context
+
+DECODE_KEY_BUCKET = 128
+"""Decode rows are padded to a multiple of this many keys, each to its own (``_decode_groups``)."""
+QUERY_TILE = 128
+"""Query positions per tile of the float32 chunk attention of bfloat16 models (``_attend_tiles``)."""
 
 
 class Attention(nn.Module):
@@ -55,9 +62,7 @@ class Attention(nn.Module):
     # -- paths -------------------------------------------------------------------------------
 
     def _attend_uncached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        n = q.shape[0]
-        mask = _group_causal_mask(n, n, self.num_heads // self.num_kv_heads, q.device)
-        return self._sdpa_one(q, k.transpose(0, 1), v.transpose(0, 1), mask)
+        return self._attend_chunk(q, k.transpose(0, 1), v.transpose(0, 1), {})
 
     def _attend_paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: Context) -> torch.Tensor:
         if not ctx.is_prefill:
@@ -76,8 +81,7 @@ class Attention(nn.Module):
                 keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             else:
                 keys, values = self._gather_one(ctx.block_tables[i], key_len)
-            mask = self._prefill_mask(ctx, end - start, key_len, q.device)
-            out[start:end] = self._sdpa_one(q[start:end], keys, values, mask)
+            out[start:end] = self._attend_chunk(q[start:end], keys, values, ctx.cache)
         if decode_rows:
             index = torch.tensor(decode_starts, device=q.device)
             out[index] = self._attend_decode(q[index], ctx, rows=decode_rows)
@@ -96,34 +100,75 @@ class Attention(nn.Module):
         return self._decode_torch(q, ctx, rows)
 
     def _decode_torch(self, q: torch.Tensor, ctx: Context, rows: list[int] | None) -> torch.Tensor:
-        # The gather index and padding mask are the same for every layer; build them once per step.
+        # The groups, gather indexes and masks are the same for every layer; build them once per step.
         key = ("decode", None if rows is None else tuple(rows))
-        layout = ctx.cache.get(key)
-        if layout is None:
-            layout = ctx.cache[key] = _decode_layout(ctx, rows, self.k_cache.shape[1], q.device)
-        block_index, mask = layout  # type: ignore[misc]
-        batch, kv_heads, dim = q.shape[0], self.num_kv_heads, self.head_dim
-        # index_select over the flat block list: the copy k_cache[block_index] makes, at 2/3 of its cost.
-        keys = self.k_cache.index_select(0, block_index).view(batch, -1, kv_heads, dim).transpose(1, 2)
-        values = self.v_cache.index_select(0, block_index).view(batch, -1, kv_heads, dim).transpose(1, 2)
-        group = self.num_heads // kv_heads
-        queries = q.reshape(batch, kv_heads, group, dim)
-        if queries.dtype != keys.dtype:
-            queries = queries.to(keys.dtype)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=self.scale)
-        out = out.reshape(batch, self.num_heads, dim)
-        return out if out.dtype == q.dtype else out.to(q.dtype)
+        groups = ctx.cache.get(key)
+        if groups is None:
+            groups = ctx.cache[key] = _decode_groups(ctx, rows, self.k_cache.shape[1], q.device)
+        kv_heads, dim = self.num_kv_heads, self.head_dim
+        queries = q.reshape(q.shape[0], kv_heads, self.num_heads // kv_heads, dim).to(self.k_cache.dtype)
+        out = torch.empty_like(queries)
+        for members, block_index, mask in groups:  # type: ignore[attr-defined]
+            batch = members.shape[0]
+            keys = self.k_cache.index_select(0, block_index).view(batch, -1, kv_heads, dim).transpose(1, 2)
+            values = self.v_cache.index_select(0, block_index).view(batch, -1, kv_heads, dim).transpose(1, 2)
+            out[members] = F.scaled_dot_product_attention(
+                queries[members], keys, values, attn_mask=mask, scale=self.scale
+            )
+        return out.reshape(q.shape[0], self.num_heads, dim).to(q.dtype)
 
-    def _prefill_mask(
-        self, ctx: Context, num_queries: int, num_keys: int, device: torch.device
+    def _attend_chunk(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step_cache: dict[Hashable, object]
     ) -> torch.Tensor:
-        """The folded causal mask of a sequence's chunk, built once per step for all layers."""
-        group = self.num_heads // self.num_kv_heads
-        key = ("causal", num_queries, num_keys, group)
-        mask = ctx.cache.get(key)
+        """Causal attention of q [n, H, D], the last n of L positions, over keys/values [KVH, L, D].
+        Masks are built once per step (``step_cache``) and shared by every layer."""
+        if q.dtype == torch.bfloat16:
+            return self._attend_tiles(q, keys, values, step_cache)
+        n, num_keys, group = q.shape[0], keys.shape[1], self.num_heads // self.num_kv_heads
+        key = ("causal", n, num_keys, group)
+        mask = step_cache.get(key)
         if mask is None:
-            mask = ctx.cache[key] = _group_causal_mask(num_queries, num_keys, group, device)
-        return mask  # type: ignore[return-value]
+            mask = step_cache[key] = _group_causal_mask(n, num_keys, group, q.device)
+        return self._sdpa_one(q, keys, values, mask)  # type: ignore[arg-type]
+
+    def _attend_tiles(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step_cache: dict[Hashable, object]
+    ) -> torch.Tensor:
+        """``_attend_chunk`` for bfloat16 (the CPU fast path): float32 arithmetic, by tiles of positions.
+
+        Not SDPA: its bf16 kernel splits the work by the query and key counts, so a token attended over
+        a cached prefix came out a rounding different from the same token in a whole prompt, and greedy
+        outputs changed with the prefix cache on (2 of 8 prompts). Here tiles start at multiples of
+        ``QUERY_TILE`` positions and each attends to the keys up to its tile's end (zero-padded past
+        the last one), so a token's arithmetic depends on its position only, however the prompt was
+        chunked; and the keys past a tile are skipped, about half the work of a long prompt.
+        """
+        n, num_keys, dim = q.shape[0], keys.shape[1], self.head_dim
+        kv_heads, group = self.num_kv_heads, self.num_heads // self.num_kv_heads
+        first = num_keys - n
+        padded = -(-num_keys // QUERY_TILE) * QUERY_TILE
+        keys32 = F.pad(keys.float(), (0, 0, 0, padded - num_keys))
+        values32 = F.pad(values.float(), (0, 0, 0, padded - num_keys))
+        out = torch.empty_like(q)
+        start = first
+        while start < num_keys:
+            tile_end = (start // QUERY_TILE + 1) * QUERY_TILE
+            stop = min(tile_end, num_keys)
+            rows = stop - start
+            queries = q[start - first : stop - first].float().reshape(rows, kv_heads, group, dim)
+            queries = queries.permute(1, 2, 0, 3).reshape(kv_heads, group * rows, dim)
+            scores = torch.matmul(queries, keys32[:, :tile_end].transpose(-1, -2)).mul_(self.scale)
+            key = ("tile", start, stop, group)
+            mask = step_cache.get(key)
+            if mask is None:
+                mask = _group_causal_mask(rows, tile_end, group, q.device, query_end=stop)
+                step_cache[key] = mask
+            scores.masked_fill_(~mask, float("-inf"))  # type: ignore[operator]
+            tile = torch.matmul(scores.softmax(-1), values32[:, :tile_end])
+            tile = tile.reshape(kv_heads, group, rows, dim).permute(2, 0, 1, 3)
+            out[start - first : stop - first] = tile.reshape(rows, kv_heads * group, dim)
+            start = stop
+        return out
 
     def _gather_one(self, block_table: torch.Tensor, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's first ``key_len`` cached K/V as [KVH, key_len, D]."""
@@ -142,8 +187,10 @@ class Attention(nn.Module):
         group = self.num_heads // kv_heads
         # [n, KVH, G, D] -> [KVH, G * n, D]: the heads sharing a KV head become extra query rows.
         queries = q.reshape(n, kv_heads, group, dim).permute(1, 2, 0, 3).reshape(kv_heads, group * n, dim)
+        # A leading batch axis: torch's CPU flash kernel takes 4-D inputs only, and 3-D ones fall back
+        # to the math path, which materialises [G * n, L] scores (4x slower at 1k x 2k tokens).
         out = F.scaled_dot_product_attention(
-            queries.to(keys.dtype), keys, values, attn_mask=mask, scale=self.scale
+            queries.to(keys.dtype)[None], keys[None], values[None], attn_mask=mask, scale=self.scale
         )
         out = out.reshape(kv_heads, group, n, dim).permute(2, 0, 1, 3)
         return out.reshape(n, self.num_heads, dim).to(q.dtype)
@@ -169,26 +216,40 @@ def _row_ranges(query_lens: list[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _group_causal_mask(num_queries: int, num_keys: int, group: int, device: torch.device) -> torch.Tensor:
-    """[G * n, L] bool: query j sits at position L - n + j and sees keys up to it; repeated for the
-    ``group`` query heads folded into the query axis."""
-    offset = num_keys - num_queries
+def _group_causal_mask(
+    num_queries: int, num_keys: int, group: int, device: torch.device, query_end: int | None = None
+) -> torch.Tensor:
+    """[G * n, L] bool: query j sits at position ``query_end - n + j`` (``query_end`` defaults to L)
+    and sees keys up to it; repeated for the ``group`` query heads folded into the query axis."""
+    offset = (num_keys if query_end is None else query_end) - num_queries
     query_pos = torch.arange(num_queries, device=device)[:, None] + offset
     mask = torch.arange(num_keys, device=device)[None, :] <= query_pos
     return mask.expand(group, num_queries, num_keys).reshape(group * num_queries, num_keys)
 
 
-def _decode_layout(
+def _decode_groups(
     ctx: Context, rows: list[int] | None, block_size: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The flat block list to gather ([B * nb] int64) and the padding mask ([B, 1, 1, L] bool or None)."""
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Decode rows grouped by their key count rounded up to ``DECODE_KEY_BUCKET``: for each group the
+    rows ([b] int64), the flat block list to gather ([b * nb] int64) and the padding mask
+    ([b, 1, 1, L] bool).
+
+    A row is padded to its own bucket, whatever else is in the batch, and always masked: SDPA's
+    kernel splits its work by the key count, so padding a row to the batch's longest sequence made
+    its result, and then greedy tokens, depend on the batch. Rows also gather less padding."""
     lens = ctx.context_lens_host if rows is None else [ctx.context_lens_host[i] for i in rows]
     tables = ctx.block_tables if rows is None else ctx.block_tables[torch.tensor(rows, device=device)]
-    num_blocks = -(-max(lens) // block_size)
-    block_index = tables[:, :num_blocks].clamp(min=0).long().reshape(-1)
-    if all(n == num_blocks * block_size for n in lens):
-        return block_index, None
-    key_pos = torch.arange(num_blocks * block_size, device=device)
-    lens_t = torch.tensor(lens, device=device)
-    mask = (key_pos[None, :] < lens_t[:, None])[:, None, None, :]
-    return block_index, mask
+    bucket = max(DECODE_KEY_BUCKET, block_size)
+    by_length: dict[int, list[int]] = {}
+    for i, n in enumerate(lens):
+        by_length.setdefault(-(-n // bucket) * bucket, []).append(i)
+    groups = []
+    for padded, members in sorted(by_length.items()):
+        index = torch.tensor(members, device=device)
+        num_blocks = padded // block_size
+        table = tables[index, :num_blocks].clamp(min=0).long()
+        table = F.pad(table, (0, num_blocks - table.shape[1]))  # blocks past the table: block 0, masked
+        key_pos = torch.arange(padded, device=device)
+        mask = key_pos[None, :] < torch.tensor([lens[i] for i in members], device=device)[:, None]
+        groups.append((index, table.reshape(-1), mask[:, None, None, :]))
+    return groups

@@ -14,8 +14,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
-            # One fused op instead of seven; the same arithmetic as the float32 path below.
+        if x.dtype == torch.float32 and self.weight.dtype == torch.bfloat16:
+            # A float32 residual stream feeding bf16 layers (the CPU fast path): normalise in float32,
+            # round once.
+            scale = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (x * scale).to(torch.bfloat16) * self.weight
+        if x.dtype == self.weight.dtype:
+            # One fused op instead of seven. In float32 the same arithmetic as the path below; in
+            # bfloat16 (the CPU fast path) it rounds once where that path rounds twice.
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         input_dtype = x.dtype
         x32 = x.to(torch.float32)

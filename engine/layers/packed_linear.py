@@ -1,4 +1,12 @@
-"""``MklPackedLinear``: a float32 CPU ``nn.Linear`` that also holds its weight in MKL's packed layout.
+"""CPU linears whose weights are packed once, at load, for the GEMM library that runs them.
+
+``OneDnnPackedLinear`` (bfloat16, the CPU fast path): oneDNN reorders a plain weight into its
+blocked layout on every call, which for a decode step's few rows costs more than the arithmetic.
+Packed once, the weight replaces the plain one (no second copy), and a one-row linear of
+SmolLM2's shapes ran about twice as fast (docs/engine.md, "The CPU fast path"). The packed layout
+serves any row count, and a row's result does not depend on the others in the batch.
+
+``MklPackedLinear``: a float32 CPU ``nn.Linear`` that also holds its weight in MKL's packed layout.
 
 MKL's ``sgemm`` re-packs the weight matrix on every call. With the few rows of a decode step that
 packing costs more than the arithmetic: on the development CPU a 16-row linear of SmolLM2's shapes
@@ -8,7 +16,7 @@ padded to ``PACKED_ROWS`` and take it. Smaller ones keep ``F.linear`` (MKL's mat
 faster there), and so do larger ones (prefill), whose packing cost is spread over many rows.
 
 The price is a second copy of every weight, so ``LLMEngine.from_config`` packs only models it loaded
-itself, on CPU in float32 (``EngineConfig.pack_cpu_linears``, ``tern engine --no-pack-cpu-linears``).
+itself, on CPU (``EngineConfig.pack_cpu_linears``, ``tern engine --no-pack-cpu-linears``).
 """
 
 from __future__ import annotations
@@ -16,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.layers.quant.linear import Int4Linear
 
 PACKED_ROWS = 16
 MIN_PACKED_ROWS = 6
@@ -52,18 +62,106 @@ class MklPackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed_rows={PACKED_ROWS}"
 
 
+def onednn_packing_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+class OneDnnPackedLinear(nn.Module):
+    """Drop-in for a bfloat16 CPU ``nn.Linear`` (weight ``[N, K]``), holding only the oneDNN-packed weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.bias = bias
+        with torch.no_grad():
+            # The row-count hint only picks the layout; every row count runs on it.
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear) -> OneDnnPackedLinear:
+        return cls(linear.weight, linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, onednn_packed=True"
+
+
+class Int4PackedCpuLinear(nn.Module):
+    """Drop-in for a CPU ``Int4Linear`` in a bfloat16 model: torch's weight-only int4 kernel
+    (``_weight_int4pack_mm_for_cpu``), which streams the 4-bit weight and computes
+    ``(code - 8) * scale + zero``; with ``zero = min + 8 * scale`` that is the layer's own
+    ``code * scale + min``.
+
+    Every batch size takes this kernel, and it computes each row on its own, so a sequence's tokens do
+    not depend on what else is in the batch. A bf16 GEMM on a dequantized copy runs large batches
+    (prefill) about three times faster, but its results for a row move with the row count, and
+    greedy outputs then differed with the batch (8 of 16 prompts): measured, and not used.
+    """
+
+    def __init__(self, linear: Int4Linear) -> None:
+        super().__init__()
+        weight = linear.int4_weight()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.group_size = linear.group_size
+        with torch.no_grad():
+            codes = weight.codes.to(torch.int32)
+            self.int4_weight = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1)
+            zeros = weight.mins + 8 * weight.scales
+            self.scales_and_zeros = (
+                torch.stack((weight.scales.t(), zeros.t()), dim=-1).bfloat16().contiguous()
+            )
+        self.bias = None if linear.bias is None else linear.bias.bfloat16()
+
+    @staticmethod
+    def supports(linear: Int4Linear) -> bool:
+        """The kernel's shape rules: whole groups along K, output rows in tiles of 16."""
+        return (
+            linear.backend == "torch"
+            and linear.in_features % linear.group_size == 0
+            and linear.group_size in (32, 64, 128, 256)
+            and linear.out_features % 16 == 0
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.int4_weight, self.group_size, self.scales_and_zeros
+        )
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}"
+        )
+
+
 def pack_cpu_linears(model: nn.Module) -> int:
-    """Replace every float32 CPU ``nn.Linear`` of ``model`` by an ``MklPackedLinear``, in place.
-    Returns how many were replaced (0 where MKL's packed GEMM is not available)."""
-    if not mkl_packing_available():
+    """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
+
+    - bfloat16 (after fusing q/k/v and gate/up where the model can): ``nn.Linear`` by
+      ``OneDnnPackedLinear``, ``Int4Linear`` by ``Int4PackedCpuLinear``;
+    - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
+    """
+    dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
+    bf16 = dtype == torch.bfloat16 and onednn_packing_available()
+    if not bf16 and not (dtype == torch.float32 and mkl_packing_available()):
         return 0
-    names = [
-        name
-        for name, module in model.named_modules()
-        if type(module) is nn.Linear
-        and module.weight.dtype == torch.float32
-        and module.weight.device.type == "cpu"
-    ]
-    for name in names:
-        model.set_submodule(name, MklPackedLinear(model.get_submodule(name)))
-    return len(names)
+    if bf16 and hasattr(model, "fuse_projections"):
+        model.fuse_projections()
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        new: nn.Module | None = None
+        if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == dtype:
+            new = OneDnnPackedLinear.from_linear(module) if bf16 else MklPackedLinear(module)
+        elif bf16 and isinstance(module, Int4Linear) and Int4PackedCpuLinear.supports(module):
+            new = Int4PackedCpuLinear(module)
+        if new is not None:
+            model.set_submodule(name, new)
+            replaced += 1
+    return replaced

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,23 +74,29 @@ def load_model(
     *,
     progress: bool = True,
     quant: str = "auto",
+    keep_gguf_int4: bool = False,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA.
 
-    `quant` (auto | none | int4 | bitnet): see `engine.layers.quant.checkpoint`."""
+    `quant` (auto | none | int4 | bitnet): see `engine.layers.quant.checkpoint`. With
+    `keep_gguf_int4`, `auto` keeps a GGUF file's Q4_0/Q4_1 linears packed as `int4` does (the CPU
+    fast path runs them as they are); its other tensors are dequantized as usual."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     detected, quant_config = checkpoint_quant(checkpoint.path)
     method = resolve_quant(quant, detected)
+    keep_int4 = method == "int4" or (keep_gguf_int4 and quant == "auto" and checkpoint.path.suffix == ".gguf")
     model = _build_model(checkpoint.config, device, dtype)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
-    packed = QuantizedTensors(method)
-    tensors = checkpoint.tensors(keep_int4=method == "int4")
+    packed = QuantizedTensors("int4" if keep_int4 else method)
+    tensors = checkpoint.tensors(keep_int4=keep_int4)
     _load_weights(model, packed.filter(tensors), bar, packed.parameter_names)
     if bar is not None:
         bar.close()
+    if keep_int4 and packed.tensors:
+        method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config)
     return LoadedModel(
         model=model.eval(),
@@ -153,8 +160,24 @@ def _open(path: str | Path | None) -> _Checkpoint:
     raise FileNotFoundError(f"model path {path} does not exist")
 
 
+@contextmanager
+def _no_weight_init() -> Iterator[None]:
+    """Skip the random initialisation module constructors do (the loader overwrites every weight).
+    On the meta device that initialisation also imports torch._dynamo, and with it Triton: about
+    100 MB of resident memory a CPU engine never uses."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    try:
+        for name in names:
+            setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
+
+
 def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
-    with torch.device("meta"):
+    with torch.device("meta"), _no_weight_init():
         model = model_class_for(config)(config)
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()

@@ -23,7 +23,6 @@ from torch import nn
 from engine.layers.norm import RMSNorm
 from engine.layers.quant.formats import ternary_from_bitnet
 from engine.layers.quant.weights import TernaryWeight
-from engine.layers.rotary import apply_rotary
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
@@ -37,12 +36,8 @@ class BitNetAttention(LlamaAttention):
         self.attn_sub_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        out = self.attn(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
-        return self.o_proj(self.attn_sub_norm(out.reshape(tokens, self.num_heads * self.head_dim)))
+        out = self.attn(*self.rotated_qkv(hidden, cos, sin))
+        return self.o_proj(self.attn_sub_norm(out.reshape(hidden.shape[0], self.num_heads * self.head_dim)))
 
 
 class BitNetMLP(nn.Module):

@@ -15,6 +15,7 @@ from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
+from engine.layers.stacking import stack_linears
 from engine.model_config import ModelConfig
 
 
@@ -33,15 +34,33 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_size, bias=config.attention_bias)
         self.v_proj = nn.Linear(hidden, kv_size, bias=config.attention_bias)
         self.o_proj = nn.Linear(q_size, hidden, bias=config.attention_out_bias)
+        self.qkv_proj: nn.Module | None = None
+        """q, k and v stacked into one linear by :meth:`fuse_projections` (then the three are gone)."""
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, scale=self.head_dim**-0.5)
 
+    def fuse_projections(self) -> bool:
+        if self.qkv_proj is None:
+            self.qkv_proj = _stacked_linear(self, ("q_proj", "k_proj", "v_proj"))
+        return self.qkv_proj is not None
+
+    def rotated_qkv(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q [T, H, D] and k [T, KVH, D] with rotary applied, and v [T, KVH, D]."""
+        tokens, heads, kv_heads = hidden.shape[0], self.num_heads, self.num_kv_heads
+        if self.qkv_proj is None:
+            q = self.q_proj(hidden).view(tokens, heads, self.head_dim)
+            k = self.k_proj(hidden).view(tokens, kv_heads, self.head_dim)
+            v = self.v_proj(hidden).view(tokens, kv_heads, self.head_dim)
+            return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        # One GEMM, and q and k side by side in its output: one rotary over both.
+        qkv = self.qkv_proj(hidden).view(tokens, heads + 2 * kv_heads, self.head_dim)
+        qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)
+        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        tokens = hidden.shape[0]
-        q = self.q_proj(hidden).view(tokens, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden).view(tokens, self.num_kv_heads, self.head_dim)
-        out = self.attn(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        out = self.attn(*self.rotated_qkv(hidden, cos, sin))
+        return self.o_proj(out.reshape(hidden.shape[0], self.num_heads * self.head_dim))
 
 
 class LlamaMLP(nn.Module):
@@ -51,10 +70,30 @@ class LlamaMLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, inner, bias=bias)
         self.up_proj = nn.Linear(hidden, inner, bias=bias)
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
+        self.gate_up_proj: nn.Module | None = None
+        """gate and up stacked into one linear by :meth:`fuse_projections` (then the two are gone)."""
         self.act = SiluAndMul()
 
+    def fuse_projections(self) -> bool:
+        if self.gate_up_proj is None:
+            self.gate_up_proj = _stacked_linear(self, ("gate_proj", "up_proj"))
+        return self.gate_up_proj is not None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_proj is None:
+            return self.down_proj(self.act(self.gate_proj(x), self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(self.act(gate, up))
+
+
+def _stacked_linear(owner: nn.Module, names: tuple[str, ...]) -> nn.Module | None:
+    """The named linears of ``owner`` stacked into one; they are deleted (their memory goes with them).
+    None, and nothing changes, where they cannot be stacked."""
+    stacked = stack_linears([getattr(owner, name) for name in names])
+    if stacked is not None:
+        for name in names:
+            delattr(owner, name)
+    return stacked
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -88,7 +127,12 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(positions, hidden.dtype)
+        dtype = hidden.dtype
+        cos, sin = self.rotary_emb(positions, dtype)
+        if dtype == torch.bfloat16:
+            # The residual stream in float32: 30 layers of bf16 additions lose enough to flip near-tied
+            # greedy choices. Norms hand the layers bf16 again, so the GEMMs stay bf16.
+            hidden = hidden.float()
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)
@@ -108,6 +152,12 @@ class LlamaForCausalLM(nn.Module):
         """Share lm_head with the embedding when the config says so (again after `to_empty`, which unties)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def fuse_projections(self) -> int:
+        """Stack q/k/v and gate/up of every layer into one linear each (fewer, larger GEMMs per step).
+        For serving only: the state dict no longer has Hugging Face's names. Returns how many were fused."""
+        blocks = [m for m in self.modules() if isinstance(m, LlamaAttention | LlamaMLP)]
+        return sum(block.fuse_projections() for block in blocks)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions [T] -> final hidden states [T, hidden_size]."""

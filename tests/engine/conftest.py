@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+import engine.kernels  # noqa: F401  (turns Triton's CPU interpreter on before anything imports triton)
 from engine.loader import LoadedModel, default_model_path, load_model, load_tokenizer
 from engine.tokenizer import Tokenizer
 from tests.engine.tiny_engine import byte_tokenizer, make_engine  # noqa: F401  (fixtures)

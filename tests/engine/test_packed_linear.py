@@ -74,9 +74,12 @@ def test_engine_on_packed_linears_is_batch_independent_and_matches_unpacked() ->
 
 def test_from_config_packs_on_cpu_float32_unless_turned_off(tiny_model_dir: Callable[[str], Path]) -> None:
     path = str(tiny_model_dir("llama3"))
-    packed = LLMEngine.from_config(EngineConfig(model=path, device="cpu", num_kv_blocks=16, num_threads=1))
+    config = EngineConfig(model=path, device="cpu", dtype="float32", num_kv_blocks=16, num_threads=1)
+    packed = LLMEngine.from_config(config)
     assert isinstance(packed.runner.model.model.layers[0].mlp.up_proj, MklPackedLinear)
-    args = build_parser().parse_args(["--model", path, "--device", "cpu", "--no-pack-cpu-linears"])
+    args = build_parser().parse_args(
+        ["--model", path, "--device", "cpu", "--dtype", "float32", "--no-pack-cpu-linears"]
+    )
     config = config_from_args(args)
     assert config.pack_cpu_linears is False
     config.num_kv_blocks = 16

@@ -158,7 +158,9 @@ def test_awq_checkpoint_equals_the_model_it_was_written_from(
 def test_quantized_checkpoint_serves_greedy_generation(float_dir: Path, tmp_path: Path) -> None:
     assert main(["--model", str(float_dir), "--method", "rtn", "--out", str(tmp_path / "q")]) == 0
     engine = LLMEngine.from_config(
-        EngineConfig(model=str(tmp_path / "q"), device="cpu", num_kv_blocks=64, num_threads=1)
+        EngineConfig(
+            model=str(tmp_path / "q"), device="cpu", dtype="float32", num_kv_blocks=64, num_threads=1
+        )
     )
     assert isinstance(engine.runner.model.model.layers[0].mlp.down_proj, Int4Linear)
     request = GenerateRequest(

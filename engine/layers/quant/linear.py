@@ -17,12 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels.int4_matmul import int4_matmul, pack_int4, unpack_int4_codes
-from engine.kernels.ternary_matmul import pack_ternary, quantize_activations_ref, ternary_matmul
 from engine.layers.quant.quantizers import absmean_ternarize, rtn_quantize
 from engine.layers.quant.weights import Int4Weight, TernaryWeight
 
 Backend = Literal["triton", "torch"]
+
+# The Triton kernels are imported where a layer uses them: importing Triton costs about 80 MB of
+# resident memory, which a CPU process serving the torch backend does not need.
 
 
 def default_backend(device: torch.device | str | None) -> Backend:
@@ -47,6 +48,8 @@ class Int4Linear(nn.Module):
         self.group_size = weight.group_size
         self.backend: Backend = backend or default_backend(device)
         if self.backend == "triton":
+            from engine.kernels.int4_matmul import pack_int4
+
             qweight, scales, mins = pack_int4(weight.codes, weight.scales, weight.mins, weight.group_size)
             self.register_buffer("qweight", qweight.to(device))
             self.register_buffer("scales", scales.to(device))
@@ -70,6 +73,8 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "triton":
+            from engine.kernels.int4_matmul import int4_matmul
+
             out = int4_matmul(x, self.qweight, self.scales, self.mins, self.group_size)
         else:
             out = F.linear(x, self.dequantized_weight(x.dtype))
@@ -79,6 +84,8 @@ class Int4Linear(nn.Module):
         """The canonical weight this layer holds (scales and mins as stored, in fp16 precision),
         on the layer's device: what a quantized checkpoint writes."""
         if self.backend == "triton":
+            from engine.kernels.int4_matmul import unpack_int4_codes
+
             codes = unpack_int4_codes(self.qweight)[: self.in_features].t()
             scales, mins = self.scales.t(), self.mins.t()
         else:
@@ -121,6 +128,8 @@ class TernaryLinear(nn.Module):
         self.out_features = weight.out_features
         self.backend: Backend = backend or default_backend(device)
         if self.backend == "triton":
+            from engine.kernels.ternary_matmul import pack_ternary
+
             self.register_buffer("qweight", pack_ternary(weight.values).to(device))
         else:  # [K, N] int8, the operand order of torch._int_mm
             self.register_buffer("values_t", weight.values.t().contiguous().to(device))
@@ -134,6 +143,8 @@ class TernaryLinear(nn.Module):
         return cls(absmean_ternarize(w), linear.bias, device=w.device, dtype=w.dtype, backend=backend)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from engine.kernels.ternary_matmul import quantize_activations_ref, ternary_matmul
+
         if self.backend == "triton":
             out = ternary_matmul(x, self.qweight, self.weight_scale)
         else:

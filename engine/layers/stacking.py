@@ -1,0 +1,46 @@
+"""Stack several linears that read the same input into one (q/k/v, gate/up): one GEMM per step
+instead of several, each over a wider weight. Used when serving only; see ``fuse_projections``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from engine.layers.quant.linear import Int4Linear
+from engine.layers.quant.weights import Int4Weight
+
+
+def stack_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
+    """One linear whose output is ``parts``' outputs side by side, or None when they cannot be stacked
+    (mixed kinds, biases on some only, different INT4 group sizes or backends)."""
+    if len({type(p) for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
+        return None
+    first = parts[0]
+    if type(first) is nn.Linear:
+        stacked = nn.Linear(
+            first.in_features,
+            sum(p.out_features for p in parts),
+            bias=first.bias is not None,
+            device=first.weight.device,
+            dtype=first.weight.dtype,
+        )
+        with torch.no_grad():
+            stacked.weight.copy_(torch.cat([p.weight for p in parts]))
+            if stacked.bias is not None:
+                stacked.bias.copy_(torch.cat([p.bias for p in parts]))
+        return stacked.requires_grad_(False)
+    if type(first) is Int4Linear and len({(p.group_size, p.backend) for p in parts}) == 1:
+        weights = [p.int4_weight() for p in parts]
+        stacked_weight = Int4Weight(
+            codes=torch.cat([w.codes for w in weights]),
+            scales=torch.cat([w.scales for w in weights]),
+            mins=torch.cat([w.mins for w in weights]),
+            group_size=first.group_size,
+        )
+        bias = None if first.bias is None else torch.cat([p.bias for p in parts])
+        device = stacked_weight.codes.device
+        dtype = torch.float32 if bias is None else bias.dtype
+        return Int4Linear(stacked_weight, bias, device=device, dtype=dtype, backend=first.backend)
+    return None

@@ -1,0 +1,167 @@
+"""The CPU fast path (bfloat16, packed linears, the GGUF's 4-bit weights kept as they are): each
+kernel against a plain-torch reference, and the default model served on it against the float32 path
+(quality, Paris, batch independence, prefix cache on = off, no leaked block)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.bench.int4_quality import perplexity
+from engine.config import EngineConfig, cpu_has_native_bf16
+from engine.layers.packed_linear import (
+    Int4PackedCpuLinear,
+    OneDnnPackedLinear,
+    onednn_packing_available,
+    pack_cpu_linears,
+)
+from engine.layers.quant.linear import Int4Linear
+from engine.layers.stacking import stack_linears
+from engine.llm_engine import LLMEngine
+from engine.loader.load import LoadedModel
+from engine.protocol import ChatMessage, GenerateRequest, SamplingParams
+from tests.engine.test_engine import PROMPTS
+
+pytestmark = pytest.mark.skipif(
+    not (onednn_packing_available() and cpu_has_native_bf16()),
+    reason="the fast path needs oneDNN and a CPU with native bf16 (AVX512-BF16 or AMX)",
+)
+
+EVALUATION_TEXT = Path(__file__).parent.parent / "data" / "pride_and_prejudice_ch1.txt"
+# Measured: 18.924 against 18.907 in float32 (+0.09%, AMD EPYC); the issue's bar is 1%.
+MAX_PERPLEXITY_CHANGE = 0.01
+
+
+def bf16_error_bound(reference: torch.Tensor) -> float:
+    """bf16 keeps 8 significant bits: outputs may move by a few units in the last place of the largest."""
+    return 4 * reference.abs().max().item() * 2**-8
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+@pytest.mark.parametrize("rows", [1, 7, 16, 100])
+def test_int4_kernel_matches_the_dequantized_reference(rows: int, bias: bool) -> None:
+    torch.manual_seed(rows)
+    linear = nn.Linear(256, 96, bias=bias)
+    int4 = Int4Linear.from_linear(linear, group_size=32)
+    x = torch.randn(rows, 256)
+    reference = F.linear(x, int4.dequantized_weight(torch.float32), int4.bias)  # plain torch, float32
+    out = Int4PackedCpuLinear(int4)(x.bfloat16())
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
+    assert (out.float() - reference).abs().max().item() <= bf16_error_bound(reference)
+
+
+def test_int4_kernel_rows_do_not_depend_on_the_batch() -> None:
+    int4 = Int4Linear.from_linear(nn.Linear(256, 64), group_size=64)
+    packed = Int4PackedCpuLinear(int4)
+    x = torch.randn(40, 256).bfloat16()
+    full = packed(x)
+    for rows in (1, 2, 9, 17):
+        assert torch.equal(packed(x[:rows]), full[:rows])
+
+
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_onednn_packed_linear_matches_linear(rows: int) -> None:
+    linear = nn.Linear(192, 320).bfloat16()
+    x = torch.randn(3, rows, 192).bfloat16()
+    reference = F.linear(x.float(), linear.weight.float(), linear.bias.float())
+    out = OneDnnPackedLinear.from_linear(linear)(x)
+    assert out.shape == (3, rows, 320)
+    assert (out.float() - reference).abs().max().item() <= bf16_error_bound(reference)
+
+
+@pytest.mark.parametrize("kind", ["linear", "int4"])
+def test_stacked_linears_output_their_parts_side_by_side(kind: str) -> None:
+    torch.manual_seed(0)
+    parts: list[nn.Module] = [nn.Linear(64, n, bias=True) for n in (64, 32, 32)]
+    if kind == "int4":
+        parts = [Int4Linear.from_linear(p, group_size=32) for p in parts]
+    x = torch.randn(5, 64)
+    stacked = stack_linears(parts)
+    assert stacked is not None
+    torch.testing.assert_close(stacked(x), torch.cat([p(x) for p in parts], dim=-1), rtol=0, atol=1e-5)
+    assert stack_linears([nn.Linear(8, 8), nn.Linear(8, 8, bias=False)]) is None
+
+
+def test_pack_cpu_linears_fuses_and_packs_a_bf16_model() -> None:
+    """Through the engine's loader, as ``tern engine`` runs by default."""
+    engine = fast_engine()
+    model = engine.runner.model
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Int4PackedCpuLinear)
+    assert isinstance(layer.mlp.gate_up_proj, Int4PackedCpuLinear)
+    assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
+    assert isinstance(model.lm_head, OneDnnPackedLinear)  # the tied Q8_0 embedding, in bf16
+    assert engine.runner.kv_cache.dtype == torch.bfloat16
+    assert pack_cpu_linears(model) == 0  # nothing left to pack
+
+
+_FAST_ENGINES: dict[bool, LLMEngine] = {}
+
+
+def fast_engine(prefix_cache: bool = True) -> LLMEngine:
+    """The default model with the default config (one engine per setting, built once), on one thread:
+    what the engine picks on a 2-core machine. With two, a kernel splits a small batch's reductions
+    across threads, and 1 of 16 prompts below diverged at its 22nd token (docs/engine.md)."""
+    if prefix_cache not in _FAST_ENGINES:
+        config = EngineConfig(device="cpu", enable_prefix_cache=prefix_cache, num_threads=1)
+        _FAST_ENGINES[prefix_cache] = LLMEngine.from_config(config)
+    return _FAST_ENGINES[prefix_cache]
+
+
+def chat(rid: str, prompt: str, max_tokens: int = 24) -> GenerateRequest:
+    return GenerateRequest(
+        request_id=rid,
+        messages=[ChatMessage(role="user", content=prompt)],
+        sampling=SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
+    )
+
+
+def generated(engine: LLMEngine, *requests: GenerateRequest) -> dict[str, list[int]]:
+    out = engine.generate(list(requests))
+    return {rid: [t for f in frames if f.type == "delta" for t in f.token_ids] for rid, frames in out.items()}
+
+
+@pytest.mark.slow
+def test_fast_path_perplexity_is_within_one_percent_of_float32(default_model: LoadedModel) -> None:
+    ids = torch.tensor(default_model.tokenizer.encode(EVALUATION_TEXT.read_text()))
+    window = default_model.config.max_position_embeddings
+    exact = perplexity(default_model.model, ids, window)
+    fast = perplexity(fast_engine().runner.model, ids, window)
+    print(f"\nperplexity on {len(ids)} tokens: float32 {exact:.3f}, fast path {fast:.3f}")
+    assert abs(fast / exact - 1) <= MAX_PERPLEXITY_CHANGE
+
+
+@pytest.mark.slow
+def test_fast_path_knows_the_capital_of_france() -> None:
+    request = chat("paris", "What is the capital of France?", max_tokens=16)
+    request.sampling.ignore_eos = False
+    engine = fast_engine()
+    text = "".join(f.text for f in engine.generate([request])["paris"] if f.type == "delta")
+    assert "Paris" in text, text
+
+
+@pytest.mark.slow
+def test_fast_path_batch_of_16_matches_each_request_alone() -> None:
+    engine = fast_engine(prefix_cache=False)
+    alone = {p: generated(engine, chat("a", p))["a"] for p in PROMPTS}
+    batch = generated(engine, *(chat(str(i), p) for i, p in enumerate(PROMPTS)))
+    assert {p: batch[str(i)] for i, p in enumerate(PROMPTS)} == alone
+
+
+@pytest.mark.slow
+def test_fast_path_prefix_cache_on_equals_off() -> None:
+    """Requests whose shared prefix is already in the radix cache (computed by other requests) get the
+    tokens they get with the cache off. (A prompt cached whole but for its last token computes that
+    token as a decode row, whose attention kernel rounds differently: see docs/engine.md.)"""
+    shared = "You are a helpful assistant who answers in one short paragraph. " * 4
+    cached = fast_engine(prefix_cache=True)
+    generated(cached, *(chat(f"warm-{i}", shared + p, max_tokens=4) for i, p in enumerate(PROMPTS[8:10])))
+    hits_before = cached.metrics.cached_prompt_tokens._value.get()
+    requests = [chat(str(i), shared + p) for i, p in enumerate(PROMPTS[:8])]
+    with_cache = generated(cached, *requests)
+    assert cached.metrics.cached_prompt_tokens._value.get() - hits_before >= 8 * 64
+    assert with_cache == generated(fast_engine(prefix_cache=False), *requests)
