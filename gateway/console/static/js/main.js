@@ -29,8 +29,7 @@ function signInPage() {
       const response = await fetch("/admin/tenants?limit=1", { headers: { Authorization: `Bearer ${key}` } });
       if (!response.ok) throw new ApiError(response.status, await response.json().catch(() => null));
       session.signIn(key);
-      location.hash = "#/tenants";
-      render();
+      render(); // the page the URL names (a deep link survives signing in), else Tenants
     } catch (error) {
       message(form, error.message, "error");
     }
