@@ -25,6 +25,7 @@ export default async function audit({ get }) {
     h("button", { type: "submit" }, "Filter"),
   );
   const out = h("div", { "aria-live": "polite" });
+  const tenantNames = new Map((await get("/admin/tenants", { limit: 1000 })).data.map((t) => [t.id, t.name]));
   const show = async () => {
     try {
       const entries = (await get("/admin/audit", { ...values(form), limit: 200 })).data;
@@ -34,7 +35,7 @@ export default async function audit({ get }) {
           [
             ["When", (e) => dateTime(e.at)],
             ["Actor key", (e) => (e.actor_key_id ? h("code", {}, e.actor_key_id) : "system")],
-            ["Tenant", (e) => (e.tenant_id ? h("code", {}, e.tenant_id) : "platform")],
+            ["Tenant", (e) => (e.tenant_id ? tenantNames.get(e.tenant_id) ?? h("code", {}, e.tenant_id) : "platform")],
             ["Action", (e) => e.action],
             ["Object", (e) => `${e.object_type} ${e.object_id}`],
             ["Change", changes],
