@@ -66,10 +66,10 @@ async function render() {
   }
 }
 
+// Sign out forgets the keys and reloads, so nothing of the session (a chat, a shown key) stays in memory.
 signOutButton.addEventListener("click", () => {
   session.signOut();
-  location.hash = "";
-  render();
+  location.replace("/ui/");
 });
 window.addEventListener("hashchange", render);
 render();
