@@ -172,9 +172,31 @@ def test_tenant_and_key_lifecycle(page: Page, stack: RunningStack, admin: httpx.
     expect(row(page, "app key")).to_be_visible()
     assert secret not in page.content()
 
+    row(page, "app key").get_by_role("button", name="Edit").click()
+    edit = page.get_by_role("form", name="Edit key app key")
+    edit.get_by_label("Models").fill("model-a, model-b")
+    edit.get_by_role("button", name="Save key").click()
+    expect(row(page, "app key")).to_contain_text("model-a, model-b")
+
     row(page, "app key").get_by_role("button", name="Revoke").click()
     expect(row(page, "app key")).to_contain_text("revoked")
     assert httpx.get(f"{stack.url}/v1/models", headers=auth).status_code == 401
+
+    # Rotation with a grace period: a new secret, shown once; the old one works until the grace ends.
+    page.get_by_label("Key name").fill("rotating key")
+    page.get_by_role("button", name="Create key").click()
+    old_secret = page.get_by_label("New key").inner_text()
+    row(page, "rotating key").get_by_role("button", name="Rotate").click()
+    page.get_by_label("Grace period (seconds)").fill("600")
+    page.get_by_role("button", name="Rotate key").click()
+    expect(page.get_by_role("region", name="Key “rotating key” rotated")).to_be_visible()
+    new_secret = page.get_by_label("New key").inner_text()
+    assert new_secret.startswith("tern_sk_") and new_secret != old_secret
+    expect(row(page, "rotating key")).to_have_count(2)
+    expect(row(page, "rotating key").filter(has_text="expires")).to_have_count(1)
+    for secret_ in (old_secret, new_secret):
+        models = httpx.get(f"{stack.url}/v1/models", headers={"Authorization": f"Bearer {secret_}"})
+        assert models.status_code == 200
 
     go(page, "Tenants")
     row(page, tenant).get_by_role("button", name="Suspend").click()
@@ -242,6 +264,10 @@ def test_playground_answer_shows_in_the_usage_chart_and_csv(
     expect(page.get_by_role("table", name="Usage rows")).to_contain_text(today)
     expect(page.get_by_role("img", name=re.compile("Requests per day"))).to_be_visible()
     assert page.locator("svg.chart rect").count() == 1  # one day with requests
+
+    page.get_by_label("Break down by").select_option("key")  # redraws at once
+    expect(page.locator("figure .legend")).to_contain_text("playground (tern_sk_")
+    page.get_by_label("Break down by").select_option("")
 
     with page.expect_download() as download_info:
         page.get_by_role("button", name="Download CSV").click()

@@ -29,9 +29,10 @@ function keyFields(form) {
   return body;
 }
 
+/** A rotated key keeps working until its grace period ends: it shows as "expires <when>". */
 function status(key) {
-  if (key.revoked_at) return new Date(key.revoked_at) > new Date() ? `revoking ${dateTime(key.revoked_at)}` : "revoked";
-  if (key.expires_at && new Date(key.expires_at) <= new Date()) return "expired";
+  if (key.revoked_at) return "revoked";
+  if (key.expires_at) return new Date(key.expires_at) <= new Date() ? "expired" : `expires ${dateTime(key.expires_at)}`;
   return "active";
 }
 
