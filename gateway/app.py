@@ -17,7 +17,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway import metering
 from gateway.audit.router import router as audit_router
 from gateway.config import Settings
+from gateway.console.router import include_console
 from gateway.db import create_db_engine, create_sessionmaker
+from gateway.engines.router import router as engines_router
 from gateway.errors import install_error_handlers
 from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.router import router as keys_router
@@ -135,7 +137,9 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     app.include_router(tenants_router)
     app.include_router(keys_router)
     app.include_router(audit_router)
+    app.include_router(engines_router)
     metering.include_routers(app)  # /admin/limits, /admin/prices, /admin/reports, /v1/usage
+    include_console(app)  # /ui/ (and / redirecting there)
     # Run with every finished /v1 request's RelayOutcome (usage metering, limits settlement).
     app.state.completion_hooks = []
     return app

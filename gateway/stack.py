@@ -312,6 +312,7 @@ def _banner(*, url: str, admin_key: str, demo_key: str, model: str, state: State
     return f"""
 Tern is ready at {url}   (logs: {state.logs}/, data: {state.root}/; Ctrl-C stops everything)
 
+  web console:       {url}/ui/   (sign in with the admin key)
   admin key:         {admin_key}
   demo tenant's key: {demo_key}
   model:             {model}

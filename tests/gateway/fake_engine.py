@@ -66,6 +66,8 @@ class FakeEngine:
     health_checks: int = 0
     generate_called: threading.Event = field(default_factory=threading.Event)
     port: int = field(default_factory=free_port)
+    metrics_text: str = ""
+    """What ``GET /metrics`` answers (Prometheus text)."""
 
     def __post_init__(self) -> None:
         self._abort_flags: dict[str, asyncio.Event] = {}
@@ -76,6 +78,7 @@ class FakeEngine:
                 Route(ABORT_PATH, self._abort, methods=["POST"]),
                 Route(HEALTH_PATH, self._health, methods=["GET"]),
                 Route(MODELS_PATH, self._models, methods=["GET"]),
+                Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
 
@@ -105,6 +108,9 @@ class FakeEngine:
 
     async def _models(self, _: Request) -> Response:
         return JSONResponse(ModelList(data=[ModelInfo(id=self.model, max_model_len=2048)]).model_dump())
+
+    async def _metrics(self, _: Request) -> Response:
+        return Response(self.metrics_text, media_type="text/plain; version=0.0.4")
 
     async def _abort(self, request: Request) -> Response:
         body = AbortRequest.model_validate_json(await request.body())
