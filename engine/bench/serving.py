@@ -2,6 +2,7 @@
 
     python -m engine.bench.serving --url http://127.0.0.1:8100 --concurrency 16 \
         --num-requests 32 --max-tokens 64
+    python -m engine.bench.serving --concurrency 1 --num-requests 3 --max-tokens 1 --prompt-tokens 2048
 
 Requests go to the internal RPC (``/rpc/v1/generate``) with greedy decoding and
 ``ignore_eos``, so every request produces exactly ``--max-tokens`` tokens and
@@ -27,6 +28,8 @@ from pathlib import Path
 import httpx
 
 from engine.bench import PROMPTS
+from engine.bench.long_prompts import long_prompts
+from engine.loader import load_tokenizer
 from engine.protocol import GENERATE_PATH, DeltaFrame, FinalFrame, parse_frame
 
 
@@ -84,8 +87,16 @@ def process_cpu_seconds(pid: int) -> float:
 
 
 async def run(
-    url: str, concurrency: int, num_requests: int, max_tokens: int, engine_pid: int | None = None
+    url: str,
+    concurrency: int,
+    num_requests: int,
+    max_tokens: int,
+    engine_pid: int | None = None,
+    prompt_tokens: int | None = None,
 ) -> dict[str, float | int | str]:
+    prompts: list[str] | list[list[int]] = PROMPTS
+    if prompt_tokens:
+        prompts = long_prompts(load_tokenizer(), prompt_tokens, num_requests)
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:
@@ -94,7 +105,7 @@ async def run(
 
         async def limited(i: int) -> RequestResult:
             async with semaphore:
-                return await one_request(client, url, f"bench-{i}", PROMPTS[i % len(PROMPTS)], max_tokens)
+                return await one_request(client, url, f"bench-{i}", prompts[i % len(prompts)], max_tokens)
 
         load_avg = os.getloadavg()[0]
         cpu_start = process_cpu_seconds(engine_pid) if engine_pid else 0.0
@@ -119,6 +130,10 @@ async def run(
         "output_tokens": output_tokens,
         "duration_s": round(elapsed, 3),
         "output_tokens_per_s": round(output_tokens / elapsed, 2),
+        "prompt_tokens": prompt_tokens,
+        "prefill_tokens_per_s_p50": round(prompt_tokens / percentile(ttfts, 50), 1)
+        if prompt_tokens
+        else None,
         "ttft_p50_ms": round(percentile(ttfts, 50) * 1000, 1),
         "ttft_p99_ms": round(percentile(ttfts, 99) * 1000, 1),
         "itl_p50_ms": round(percentile(itls, 50) * 1000, 1),
@@ -139,9 +154,22 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help="the engine's process id, when it runs on this machine: also report the CPU time it used",
     )
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        help="long-prompt prefill case: each request a distinct prompt of this many tokens (engine.bench."
+        "long_prompts) instead of the 16 short chat prompts; TTFT is then the prefill time",
+    )
     args = p.parse_args(argv)
     result = asyncio.run(
-        run(args.url.rstrip("/"), args.concurrency, args.num_requests, args.max_tokens, args.engine_pid)
+        run(
+            args.url.rstrip("/"),
+            args.concurrency,
+            args.num_requests,
+            args.max_tokens,
+            args.engine_pid,
+            args.prompt_tokens,
+        )
     )
     print(json.dumps(result))
     return 0
