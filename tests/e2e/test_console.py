@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
@@ -269,17 +270,21 @@ def test_playground_answer_shows_in_the_usage_chart_and_csv(
     expect(page.locator("figure .legend")).to_contain_text("playground (tern_sk_")
     page.get_by_label("Break down by").select_option("")
 
-    with page.expect_download() as download_info:
+    is_csv_request = lambda r: "/admin/reports/usage" in r.url and "format=csv" in r.url  # noqa: E731
+    with page.expect_download() as download_info, page.expect_request(is_csv_request) as request_info:
         page.get_by_role("button", name="Download CSV").click()
     downloaded = tmp_path / "usage.csv"
     download_info.value.save_as(downloaded)
-    query = {
+    # The CSV is the report of the query on screen: this tenant, the form's days, one row per day.
+    sent = dict(parse_qsl(urlsplit(request_info.value.url).query))
+    assert sent == {
         "tenant": tenant_id,
         "from": page.get_by_label("From", exact=True).input_value(),
         "to": page.get_by_label("To", exact=True).input_value(),
         "group_by": "day",
+        "format": "csv",
     }
-    api_csv = admin.get("/admin/reports/usage", params={**query, "format": "csv"}).content
+    api_csv = admin.get("/admin/reports/usage", params=sent).content
     assert downloaded.read_bytes() == api_csv
     api_csv_text = api_csv.decode()
     rows: list[dict[str, Any]] = list(csv.DictReader(io.StringIO(api_csv_text)))
