@@ -1,0 +1,15 @@
+"""The long-prompt benchmark's prompts: exact length, no shared prefix (so no prefix cache helps)."""
+
+from engine.bench.long_prompts import long_prompts
+from engine.loader import load_tokenizer
+
+
+def test_long_prompts_have_the_exact_length_and_no_common_prefix() -> None:
+    tokenizer = load_tokenizer()
+    prompts = long_prompts(tokenizer, 700, 3)
+    assert [len(p) for p in prompts] == [700, 700, 700]
+    first_lines = {tuple(p[:8]) for p in prompts}
+    assert len(first_lines) == 3  # they differ within the first block of the KV cache
+    # Sent as text to OpenAI servers: re-encoding the decoded text keeps the length (within a few tokens).
+    for ids in prompts:
+        assert abs(len(tokenizer.encode(tokenizer.decode(ids))) - 700) <= 7
