@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from engine.protocol import HEALTH_PATH
+from protocol.rpc import HEALTH_PATH
 
 
 def build_parser() -> argparse.ArgumentParser:

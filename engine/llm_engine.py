@@ -2,7 +2,7 @@
 
 The engine is single-threaded by design: one owner (the server's step thread,
 a benchmark, a test) calls :meth:`add_request`, :meth:`abort_request` and
-:meth:`step`. Its output is the RPC's own frames (``engine/protocol.py``), so
+:meth:`step`. Its output is the RPC's own frames (``protocol/rpc.py``), so
 the server only has to route them to the right stream.
 """
 
@@ -25,7 +25,12 @@ from engine.layers.packed_linear import pack_cpu_linears
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.protocol import (
+from engine.sampler import SampledToken
+from engine.scheduler import Scheduler, SchedulerOutput
+from engine.sequence import Sequence
+from engine.stopping import StopStringMatcher
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from protocol.rpc import (
     DeltaFrame,
     FinalFrame,
     FinishReason,
@@ -33,11 +38,6 @@ from engine.protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from engine.sampler import SampledToken
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence
-from engine.stopping import StopStringMatcher
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 

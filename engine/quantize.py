@@ -39,8 +39,8 @@ from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel, default_model_path, load_model
 from engine.loader.progress import ProgressBar
 from engine.loader.save import save_hf_dir
-from engine.protocol import GenerateRequest, SamplingParams
 from engine.tokenizer import Tokenizer
+from protocol.rpc import GenerateRequest, SamplingParams
 
 METHODS = ("awq", "rtn")
 GROUP_SIZES = (32, 64, 128)

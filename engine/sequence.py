@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.protocol import FinishReason, SamplingParams
+from protocol.rpc import FinishReason, SamplingParams
 
 _seq_ids = itertools.count()
 

@@ -25,17 +25,10 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.llm_engine import LLMEngine, RequestError, RequestOutput
-from engine.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAIRequestError,
-    ResponseAccumulator,
-    StreamFormatter,
-    describe_validation_errors,
-    error_body,
-    parse_request,
-)
-from engine.protocol import (
+from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
+from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, parse_request
+from protocol.openai.responses import ResponseAccumulator, StreamFormatter
+from protocol.rpc import (
     ABORT_PATH,
     GENERATE_PATH,
     HEALTH_PATH,

@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.openai_protocol import OpenAIRequestError, describe_validation_errors, error_body
+from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
 
 
 class OpenAIError(OpenAIRequestError):

@@ -30,7 +30,7 @@ import httpx
 from engine.bench import PROMPTS
 from engine.bench.long_prompts import long_prompts
 from engine.loader import load_tokenizer
-from engine.protocol import GENERATE_PATH, DeltaFrame, FinalFrame, parse_frame
+from protocol.rpc import GENERATE_PATH, DeltaFrame, FinalFrame, parse_frame
 
 
 @dataclass

@@ -33,7 +33,9 @@ from typing import Any, TypeVar
 import aiohttp
 import httpx
 
-from engine.protocol import (
+from gateway.db import upgrade_database
+from gateway.local_services import PostgresServer, RedisServer, free_port
+from protocol.rpc import (
     GENERATE_PATH,
     DeltaFrame,
     FinalFrame,
@@ -42,8 +44,6 @@ from engine.protocol import (
     ModelList,
     encode_frame,
 )
-from gateway.db import upgrade_database
-from gateway.local_services import PostgresServer, RedisServer, free_port
 
 T = TypeVar("T")
 

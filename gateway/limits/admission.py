@@ -17,13 +17,13 @@ from typing import TypeVar
 
 import anyio
 
-from engine.openai_protocol import ChatCompletionRequest, OpenAIRequest
 from gateway.keys.auth import AuthenticatedKey
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.proxy.relay import RelayOutcome
 from gateway.reports.pricing import PriceBook
+from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
 T = TypeVar("T")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from engine.protocol import HEALTH_PATH, MODELS_PATH, HealthResponse, ModelInfo, ModelList
+from protocol.rpc import HEALTH_PATH, MODELS_PATH, HealthResponse, ModelInfo, ModelList
 
 log = logging.getLogger(__name__)
 

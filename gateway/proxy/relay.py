@@ -25,14 +25,12 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from engine.openai_protocol import (
-    OpenAIRequest,
-    ResponseAccumulator,
-    StreamFormatter,
-    error_body,
-    error_frame_body,
-)
-from engine.protocol import (
+from gateway.errors import OpenAIError
+from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
+from protocol.openai.errors import error_body
+from protocol.openai.requests import OpenAIRequest
+from protocol.openai.responses import ResponseAccumulator, StreamFormatter, error_frame_body
+from protocol.rpc import (
     ABORT_PATH,
     GENERATE_PATH,
     AbortRequest,
@@ -42,8 +40,6 @@ from engine.protocol import (
     GenerateRequest,
     parse_frame,
 )
-from gateway.errors import OpenAIError
-from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,6 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from engine.openai_protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAIRequestError,
-    RequestT,
-    parse_request,
-)
-from engine.protocol import ModelList
 from gateway.config import Settings
 from gateway.errors import OpenAIError
 from gateway.keys.deps import InferenceKey, authenticate_kind
@@ -33,6 +25,9 @@ from gateway.limits.admission import dispatch_limited
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.relay import RelayResponse
+from protocol.openai.errors import OpenAIRequestError
+from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, RequestT, parse_request
+from protocol.rpc import ModelList
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 

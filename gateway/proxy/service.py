@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from engine.openai_protocol import OpenAIRequest
-from engine.protocol import ModelList
 from gateway.config import PrefixCacheIsolation
 from gateway.errors import OpenAIError
 from gateway.keys.auth import AuthenticatedKey
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.relay import CompletionHook, Relay, RelayOutcome, RelayResponse
+from protocol.openai.requests import OpenAIRequest
+from protocol.rpc import ModelList
 
 
 def ensure_model_allowed(*, key: AuthenticatedKey, model: str) -> None:

@@ -6,8 +6,8 @@ import pytest
 
 from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
 from engine.cache.block_manager import BlockManager
-from engine.protocol import SamplingParams
 from engine.sequence import Sequence
+from protocol.rpc import SamplingParams
 
 
 def make_seq(num_prompt_tokens: int) -> Sequence:

@@ -23,7 +23,7 @@ from engine.layers.quant.linear import Int4Linear
 from engine.layers.stacking import stack_linears
 from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel
-from engine.protocol import ChatMessage, GenerateRequest, SamplingParams
+from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 from tests.engine.test_engine import PROMPTS
 
 pytestmark = pytest.mark.skipif(

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine.llm_engine import LLMEngine, RequestError
-from engine.protocol import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams
+from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams
 from tests.engine.tiny_engine import EngineFactory, assert_every_block_comes_back, blocks_held_by_requests
 
 PROMPTS = [

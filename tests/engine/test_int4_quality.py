@@ -24,8 +24,8 @@ from engine.config import EngineConfig
 from engine.layers.quant import Int4Linear
 from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel
-from engine.protocol import ChatMessage, GenerateRequest, SamplingParams
 from engine.quantize import calibration_ids
+from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 

@@ -20,7 +20,7 @@ from engine.context import make_context, reset_context, set_context
 from engine.layers.attention import Attention
 from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel, load_model
-from engine.protocol import DeltaFrame, GenerateRequest, SamplingParams
+from protocol.rpc import DeltaFrame, GenerateRequest, SamplingParams
 from tests.engine.conftest import TINY_VARIANTS
 
 LOGIT_TOLERANCE = 1e-3

@@ -12,8 +12,8 @@ import pytest
 
 from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.llm_engine import LLMEngine
-from engine.protocol import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams, parse_frame
 from engine.server import create_app
+from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams, parse_frame
 from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_engine
 from tests.gateway.live_server import ServerThread
 

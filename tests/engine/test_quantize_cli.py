@@ -22,8 +22,8 @@ from engine.layers.quant.formats import awq_gemm_from_int4, int4_from_awq_gemm
 from engine.layers.quant.quantizers import rtn_quantize
 from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel, load_model
-from engine.protocol import GenerateRequest, SamplingParams
 from engine.quantize import default_calibration_text, main, quantize_model, write_checkpoint
+from protocol.rpc import GenerateRequest, SamplingParams
 from tests.engine.test_awq_convert import autoawq_pack
 from tests.engine.test_loader_gguf import BYTE_TOKENS, write_gguf
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
-from engine.protocol import SamplingParams
 from engine.scheduler import Scheduler, SchedulerOutput
 from engine.sequence import Sequence, SequenceStatus
+from protocol.rpc import SamplingParams
 
 
 def make_scheduler(

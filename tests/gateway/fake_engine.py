@@ -1,4 +1,4 @@
-"""A stand-in engine for the gateway's own tests: a real HTTP server speaking engine/protocol.py.
+"""A stand-in engine for the gateway's own tests: a real HTTP server speaking protocol/rpc.py.
 
 It answers deterministically (the words of ``REPLY``, one token each, cut at
 ``max_tokens``), records what it received, aborted and lost, and has switches
@@ -20,8 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.openai_protocol import error_body
-from engine.protocol import (
+from protocol.openai.errors import error_body
+from protocol.rpc import (
     ABORT_PATH,
     GENERATE_PATH,
     HEALTH_PATH,

@@ -1,4 +1,4 @@
-"""engine/openai_protocol.py: request validation, conversion to RPC, and frame formatting."""
+"""protocol/openai/: request validation, conversion to RPC, and frame formatting."""
 
 from __future__ import annotations
 
@@ -7,17 +7,10 @@ from typing import Any
 
 import pytest
 
-from engine.openai_protocol import (
-    SSE_DONE,
-    ChatCompletionRequest,
-    CompletionRequest,
-    OpenAIRequestError,
-    ResponseAccumulator,
-    StreamFormatter,
-    error_body,
-    parse_request,
-)
-from engine.protocol import DeltaFrame, ErrorFrame, FinalFrame, TokenLogprob, TopLogprob
+from protocol.openai.errors import OpenAIRequestError, error_body
+from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, parse_request
+from protocol.openai.responses import SSE_DONE, ResponseAccumulator, StreamFormatter
+from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, TokenLogprob, TopLogprob
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
