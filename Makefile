@@ -18,6 +18,7 @@ test: $(TEST_STAMP)
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check gateway engine protocol tests migrations
+	$(VENV)/bin/mypy
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +44,7 @@ $(UP_STAMP): pyproject.toml $(VENV)/bin/python
 
 $(TEST_STAMP): pyproject.toml $(VENV)/bin/python
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[test]' ruff
+	$(PIP) -e '.[test]' ruff mypy
 	$(PIP) --no-deps docker-compose==1.29.2  # only for its Compose JSON schema (tests/test_compose_schema.py)
 	$(install_servers)
 	$(install_chromium)
