@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.protocol import SamplingParams
-from engine.sequence import Sequence
+from engine.core.outputs import SamplingParams
+from engine.core.sequence import Sequence
 
 
 @dataclass
