@@ -115,8 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     import uvicorn
 
-    from engine.llm_engine import LLMEngine
-    from engine.server import create_app
+    from engine.core.llm_engine import LLMEngine
+    from engine.serving.server import create_app
 
     engine = LLMEngine.from_config(config_from_args(args))
     logging.getLogger(__name__).info(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import random
 import sys
 import time
@@ -29,18 +30,18 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest, SamplingParams
 from engine.layers.quant import Int4Linear
 from engine.layers.quant.awq import awq_quantize
 from engine.layers.quant.checkpoint import checkpoint_quant
 from engine.layers.quant.distill import distill_int4_scales
 from engine.layers.quant.formats import awq_gemm_from_int4
 from engine.layers.quant.swap import quantize_linears
-from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel, default_model_path, load_model
 from engine.loader.progress import ProgressBar
 from engine.loader.save import save_hf_dir
 from engine.tokenizer import Tokenizer
-from protocol.rpc import GenerateRequest, SamplingParams
 
 METHODS = ("awq", "rtn")
 GROUP_SIZES = (32, 64, 128)
@@ -98,18 +99,18 @@ def generated_sequences(
     )
     sampling = SamplingParams(temperature=1.0, max_tokens=length - 1, ignore_eos=True)
     requests = [
-        GenerateRequest(
+        EngineRequest(
             request_id=str(i),
-            prompt=[rng.choice(words)],
-            sampling=sampling.model_copy(update={"seed": seed * count + i}),
+            prompt_token_ids=[rng.choice(words)],
+            sampling=dataclasses.replace(sampling, seed=seed * count + i),
         )
         for i in range(count)
     ]
-    frames = engine.generate(requests)
+    outputs = engine.generate(requests)
     sequences = []
     for request in requests:
-        generated = [t for f in frames[request.request_id] if f.type == "delta" for t in f.token_ids]
-        sequences.append(torch.tensor([*request.prompt, *generated][:length], device=device))
+        generated = [t for d in outputs[request.request_id].deltas for t in d.token_ids]
+        sequences.append(torch.tensor([*request.prompt_token_ids, *generated][:length], device=device))
     return sequences
 
 

@@ -8,15 +8,32 @@ cache hands out blocks it already holds; every holder owns one reference.
 
 Prefix-cache seam: :meth:`reuse_cached_prefix` (called by the scheduler when it
 admits a sequence with nothing computed), :meth:`release` (called when a
-sequence gives its blocks back) and :meth:`num_reclaimable_blocks` /
-:meth:`_reclaim` (blocks a cache could evict to make room). Without a prefix
-cache they are no-ops.
+sequence gives its blocks back), :meth:`num_reclaimable_blocks` /
+:meth:`_reclaim` (blocks a cache could evict to make room) and
+:meth:`cache_stats`. Without a prefix cache they are no-ops.
+
+The block manager owns block tables only: it reads a sequence's token counts but
+never writes them. What it did that changes them (tokens taken from the cache) it
+returns, and the scheduler applies it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from engine.cache.block_allocator import BlockAllocator
-from engine.sequence import Sequence
+from engine.cache.radix_cache import CacheStats
+from engine.core.sequence import Sequence
+
+
+@dataclass
+class CachedPrefix:
+    """What :meth:`BlockManager.reuse_cached_prefix` gave a sequence."""
+
+    num_tokens: int = 0
+    """Tokens whose KV the sequence now holds (its new ``num_computed_tokens``)."""
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    """(src, dst) whole-block copies to run before the forward (copy-on-write)."""
 
 
 class BlockManager:
@@ -45,9 +62,10 @@ class BlockManager:
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
         return max(0, needed - len(seq.block_table))
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+    def can_allocate(self, seq: Sequence, num_new_tokens: int, *, reserve: int = 0) -> bool:
+        """Whether ``num_new_tokens`` more fit, leaving ``reserve`` blocks to spare."""
         missing = self.num_missing_blocks(seq, num_new_tokens)
-        return missing <= self.num_free_blocks + self.num_reclaimable_blocks()
+        return missing + reserve <= self.num_free_blocks + self.num_reclaimable_blocks()
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Grow ``seq.block_table`` for ``num_new_tokens`` more tokens (raises NoFreeBlocksError)."""
@@ -58,26 +76,18 @@ class BlockManager:
             self._reclaim(missing - self.num_free_blocks)
         seq.block_table.extend(self.allocator.allocate(missing))
 
-    def share(self, seq: Sequence, blocks: list[int], num_tokens: int) -> None:
-        """Give ``seq`` a reference to ``blocks``, which already hold its first ``num_tokens`` tokens."""
+    def share(self, seq: Sequence, blocks: list[int]) -> None:
+        """Give ``seq`` a reference to ``blocks``, which already hold its first tokens."""
         if seq.block_table:
             raise ValueError("can only share blocks into a sequence that holds none")
-        if num_tokens > len(blocks) * self.block_size:
-            raise ValueError("shared blocks cannot hold num_tokens tokens")
         self.allocator.incref(blocks)
         seq.block_table = list(blocks)
-        seq.num_computed_tokens = num_tokens
 
     def free(self, seq: Sequence) -> None:
-        """Drop the sequence's references; its KV is gone, so it must recompute from scratch."""
+        """Drop the sequence's references; its KV is gone (the scheduler resets what it counts)."""
         self.release(seq)
         self.allocator.decref(seq.block_table)
         seq.block_table = []
-        seq.num_computed_tokens = 0
-
-    def slot(self, seq: Sequence, position: int) -> int:
-        """Flat cache slot of the token at ``position``."""
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
 
     # -- prefix-cache seam (no-ops without a cache) ----------------------------------------
 
@@ -85,9 +95,9 @@ class BlockManager:
         """Tokens of ``seq`` that admitting it now would take from the cache."""
         return 0
 
-    def reuse_cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
-        """Adopt cached blocks for the start of ``seq``; return (src, dst) block copies to run first."""
-        return []
+    def reuse_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+        """Adopt cached blocks for the start of ``seq``; return how many tokens they hold."""
+        return CachedPrefix()
 
     def release(self, seq: Sequence) -> None:
         """Called before ``seq`` drops its blocks, so a cache can keep what it computed."""
@@ -97,3 +107,7 @@ class BlockManager:
 
     def _reclaim(self, num_blocks: int) -> None:
         """Make ``num_blocks`` more blocks free, e.g. by evicting cached prefixes."""
+
+    def cache_stats(self) -> CacheStats | None:
+        """The prefix cache's figures for the metrics; None without one."""
+        return None

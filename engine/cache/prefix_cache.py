@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
-from engine.cache.block_manager import BlockManager
+from engine.cache.block_manager import BlockManager, CachedPrefix
 from engine.cache.radix_cache import CacheStats, RadixCache, RadixNode
-from engine.sequence import Sequence
+from engine.core.sequence import Sequence
 
 
 @dataclass(eq=False)
@@ -52,21 +52,19 @@ class PrefixCachingBlockManager(BlockManager):
     def cached_prefix_len(self, seq: Sequence) -> int:
         return self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1]).num_tokens
 
-    def reuse_cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+    def reuse_cached_prefix(self, seq: Sequence) -> CachedPrefix:
         # At least the last token is computed, so the step yields logits for it.
         match = self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1])
         self.cache.lock(match.last_node)
         full_tokens = len(match.blocks) * self.block_size
         seq.prefix_handle = _CacheHandle(match.last_node, full_tokens)
-        self.share(seq, match.blocks, full_tokens)
-        copies: list[tuple[int, int]] = []
+        self.share(seq, match.blocks)
+        reused = CachedPrefix(full_tokens)
         if match.partial_block is not None and (dst := self._take_one_block()) is not None:
             seq.block_table.append(dst)
-            seq.num_computed_tokens += match.partial_tokens
-            copies.append((match.partial_block, dst))
-        if seq.num_preemptions == 0:  # usage reports what the first admission reused
-            seq.num_cached_tokens = min(seq.num_computed_tokens, seq.num_prompt_tokens)
-        return copies
+            reused.num_tokens += match.partial_tokens
+            reused.block_copies.append((match.partial_block, dst))
+        return reused
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         self._insert_computed(seq)

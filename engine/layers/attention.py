@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.context import Context, get_context
+from engine.core.context import Context, get_context
 
 DECODE_KEY_BUCKET = 128
 """Decode rows are padded to a multiple of this many keys, each to its own (``_decode_groups``)."""

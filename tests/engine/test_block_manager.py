@@ -6,8 +6,8 @@ import pytest
 
 from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
 from engine.cache.block_manager import BlockManager
-from engine.sequence import Sequence
-from protocol.rpc import SamplingParams
+from engine.core.outputs import SamplingParams
+from engine.core.sequence import Sequence
 
 
 def make_seq(num_prompt_tokens: int) -> Sequence:
@@ -28,13 +28,6 @@ def test_allocate_grows_lazily_by_whole_blocks() -> None:
     assert len(seq.block_table) == 3 and manager.num_free_blocks == 7
 
 
-def test_slots_follow_the_block_table() -> None:
-    manager = BlockManager(BlockAllocator(10), block_size=4)
-    seq = make_seq(9)
-    seq.block_table = [7, 2, 5]
-    assert [manager.slot(seq, p) for p in (0, 3, 4, 8)] == [28, 31, 8, 20]
-
-
 def test_allocation_failure_takes_nothing() -> None:
     manager = BlockManager(BlockAllocator(3), block_size=4)
     seq = make_seq(20)
@@ -49,12 +42,13 @@ def test_shared_blocks_return_only_after_the_last_holder_frees() -> None:
     manager = BlockManager(allocator, block_size=4)
     parent, child = make_seq(10), make_seq(10)
     manager.allocate(parent, 10)
-    manager.share(child, parent.block_table[:2], 8)
-    assert child.num_computed_tokens == 8
+    manager.share(child, parent.block_table[:2])
+    assert child.block_table == parent.block_table[:2]
+    child.num_computed_tokens = 8  # the scheduler's part: the shared blocks hold 8 tokens
     assert [allocator.refcount(b) for b in parent.block_table] == [2, 2, 1]
     manager.allocate(child, 2)  # its own third block
     assert manager.num_free_blocks == 4
     manager.free(parent)
-    assert manager.num_free_blocks == 5 and parent.num_computed_tokens == 0
+    assert manager.num_free_blocks == 5 and parent.block_table == []
     manager.free(child)
     assert manager.num_free_blocks == 8 and child.block_table == []

@@ -13,6 +13,7 @@ from torch import nn
 
 from engine.bench.int4_quality import perplexity
 from engine.config import EngineConfig, cpu_has_native_bf16
+from engine.core.llm_engine import LLMEngine
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
     OneDnnPackedLinear,
@@ -21,8 +22,8 @@ from engine.layers.packed_linear import (
 )
 from engine.layers.quant.linear import Int4Linear
 from engine.layers.stacking import stack_linears
-from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel
+from engine.serving.frames import generate_frames
 from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 from tests.engine.test_engine import PROMPTS
 
@@ -121,7 +122,7 @@ def chat(rid: str, prompt: str, max_tokens: int = 24) -> GenerateRequest:
 
 
 def generated(engine: LLMEngine, *requests: GenerateRequest) -> dict[str, list[int]]:
-    out = engine.generate(list(requests))
+    out = generate_frames(engine, list(requests))
     return {rid: [t for f in frames if f.type == "delta" for t in f.token_ids] for rid, frames in out.items()}
 
 
@@ -140,7 +141,7 @@ def test_fast_path_knows_the_capital_of_france() -> None:
     request = chat("paris", "What is the capital of France?", max_tokens=16)
     request.sampling.ignore_eos = False
     engine = fast_engine()
-    text = "".join(f.text for f in engine.generate([request])["paris"] if f.type == "delta")
+    text = "".join(f.text for f in generate_frames(engine, [request])["paris"] if f.type == "delta")
     assert "Paris" in text, text
 
 

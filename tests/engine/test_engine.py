@@ -8,9 +8,19 @@ import time
 import pytest
 import torch
 
-from engine.llm_engine import LLMEngine, RequestError
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest, ErrorKind, RequestError
+from engine.core.outputs import SamplingParams as CoreSamplingParams
+from engine.serving.frames import generate_frames
+from engine.serving.requests import tokenize
+from engine.serving.server import HTTP_STATUS
 from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams
-from tests.engine.tiny_engine import EngineFactory, assert_every_block_comes_back, blocks_held_by_requests
+from tests.engine.tiny_engine import (
+    EngineFactory,
+    add_wire_request,
+    assert_every_block_comes_back,
+    blocks_held_by_requests,
+)
 
 PROMPTS = [
     "a",
@@ -38,7 +48,7 @@ def request(rid: str, prompt: str | list[int], **sampling) -> GenerateRequest:
 
 
 def run(engine: LLMEngine, *requests: GenerateRequest) -> dict[str, list[DeltaFrame | FinalFrame]]:
-    return engine.generate(list(requests))
+    return generate_frames(engine, list(requests))
 
 
 def tokens_of(frames: list[DeltaFrame | FinalFrame], index: int = 0) -> list[int]:
@@ -110,35 +120,36 @@ def test_thousand_aborted_requests_free_every_block(make_engine: EngineFactory, 
     for round_ in range(20):
         ids = [f"{round_}-{i}" for i in range(50)]
         for i, rid in enumerate(ids):
-            engine.add_request(request(rid, PROMPTS[i % 16][:12], max_tokens=50, ignore_eos=True))
+            add_wire_request(engine, request(rid, PROMPTS[i % 16][:12], max_tokens=50, ignore_eos=True))
         engine.step()  # 16 running (prefilled), 34 waiting
         for rid in ids[::2]:
             out = engine.abort_request(rid)
-            assert out is not None and final_of(out.frames).finish_reason == "abort"
+            assert out is not None and out.usage is not None and out.usage.finish_reason == "abort"
         engine.step()  # the rest: some decoding, some just admitted
         assert blocks_held_by_requests(engine) > 0
         for rid in ids[1::2]:
             out = engine.abort_request(rid)
-            assert out is not None and final_of(out.frames).finish_reason == "abort"
+            assert out is not None and out.usage is not None and out.usage.finish_reason == "abort"
         assert blocks_held_by_requests(engine) == 0
     if not prefix_cache:
         assert engine.block_manager.num_free_blocks == start
     assert_every_block_comes_back(engine)
-    assert not engine.has_unfinished_requests() and not engine.scheduler.has_unfinished()
+    assert not engine.has_unfinished_requests()
+    assert engine.scheduler.num_running == engine.scheduler.num_waiting == 0
     assert engine.abort_request("unknown") is None
 
 
 def test_over_long_and_invalid_prompts_are_refused(make_engine: EngineFactory) -> None:
     engine = make_engine(max_model_len=64)
     with pytest.raises(RequestError, match="maximum context length is 64 tokens"):
-        engine.add_request(request("long", "y" * 64))
+        add_wire_request(engine, request("long", "y" * 64))
     with pytest.raises(RequestError, match="empty"):
-        engine.add_request(request("empty", ""))
+        add_wire_request(engine, request("empty", ""))
     with pytest.raises(RequestError, match="token ids"):
-        engine.add_request(request("ids", [1, 2, 100000]))
+        add_wire_request(engine, request("ids", [1, 2, 100000]))
     with pytest.raises(RequestError) as wrong_model:
-        engine.add_request(GenerateRequest(request_id="m", model="other", prompt="hi"))
-    assert wrong_model.value.status == 404
+        add_wire_request(engine, GenerateRequest(request_id="m", model="other", prompt="hi"))
+    assert wrong_model.value.kind is ErrorKind.MODEL_NOT_FOUND and HTTP_STATUS[wrong_model.value.kind] == 404
     assert not engine.has_unfinished_requests()
     # max_tokens beyond the context is cut to the room left.
     final = final_of(run(engine, request("fit", "y" * 60, max_tokens=100, ignore_eos=True))["fit"])
@@ -244,7 +255,7 @@ def test_chat_messages_use_the_template(make_engine: EngineFactory) -> None:
         request_id="c", messages=[{"role": "user", "content": "hi"}], sampling=SamplingParams(max_tokens=2)
     )
     expected = engine.tokenizer.encode("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
-    assert engine.tokenize(chat) == expected
+    assert tokenize(chat, engine.tokenizer) == expected
     assert final_of(run(engine, chat)["c"]).prompt_tokens == len(expected)
 
 
@@ -254,3 +265,17 @@ def test_expired_deadline_aborts(make_engine: EngineFactory) -> None:
     frames = run(engine, late)["d"]
     assert final_of(frames).finish_reason == "abort"
     assert_every_block_comes_back(engine)
+
+
+def test_core_outputs_are_what_the_frames_carry(make_engine: EngineFactory) -> None:
+    """The core speaks its own types: token ids, text and usage come out as plain data."""
+    engine = make_engine()
+    sampling = CoreSamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, logprobs=True)
+    prompt = engine.tokenizer.encode("hello")
+    out = engine.generate([EngineRequest("core", prompt, sampling)])["core"]
+    frames = run(engine, request("wire", "hello", max_tokens=5, ignore_eos=True, logprobs=True))["wire"]
+    assert [t for d in out.deltas for t in d.token_ids] == tokens_of(frames)
+    assert "".join(d.text for d in out.deltas) == text_of(frames)
+    assert all(d.logprobs and d.logprobs[0].token_id == d.token_ids[0] for d in out.deltas)
+    assert out.usage is not None and out.usage.finish_reasons == final_of(frames).finish_reasons
+    assert (out.usage.prompt_tokens, out.usage.completion_tokens) == (len(prompt), 5)

@@ -21,10 +21,11 @@ from torch import nn
 
 from engine.bench.int4_quality import distilled_copy, perplexity, quantized_copy
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.layers.quant import Int4Linear
-from engine.llm_engine import LLMEngine
 from engine.loader.load import LoadedModel
 from engine.quantize import calibration_ids
+from engine.serving.frames import generate_frames
 from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -106,6 +107,8 @@ def test_awq_int4_model_generates_coherent_text(
         messages=[ChatMessage(role="user", content="What is the capital of France?")],
         sampling=SamplingParams(temperature=0.0, max_tokens=16),
     )
-    text = "".join(frame.text for frame in engine.generate([request])["paris"] if frame.type == "delta")
+    text = "".join(
+        frame.text for frame in generate_frames(engine, [request])["paris"] if frame.type == "delta"
+    )
     print(f"\n{method} INT4 answer: {text!r}")
     assert "Paris" in text, text

@@ -12,6 +12,7 @@ from torch import nn
 
 from engine.cli import build_parser, config_from_args
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.layers.packed_linear import (
     MIN_PACKED_ROWS,
     PACKED_ROWS,
@@ -19,7 +20,6 @@ from engine.layers.packed_linear import (
     mkl_packing_available,
     pack_cpu_linears,
 )
-from engine.llm_engine import LLMEngine
 from tests.engine.test_engine import PROMPTS, request, run, tokens_of
 from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_model
 

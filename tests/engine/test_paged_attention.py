@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from engine.context import make_context, reset_context, set_context
+from engine.core.context import make_context, reset_context, set_context
 from engine.kernels.paged_attention import paged_attention, paged_attention_ref
 from engine.layers.attention import Attention
 

@@ -16,10 +16,11 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.context import make_context, reset_context, set_context
+from engine.core.context import make_context, reset_context, set_context
+from engine.core.llm_engine import LLMEngine
 from engine.layers.attention import Attention
-from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel, load_model
+from engine.serving.frames import generate_frames
 from protocol.rpc import DeltaFrame, GenerateRequest, SamplingParams
 from tests.engine.conftest import TINY_VARIANTS
 
@@ -94,7 +95,7 @@ def engine_greedy(loaded: LoadedModel, prompts: list[list[int]], num_tokens: int
     requests = [
         GenerateRequest(request_id=str(i), prompt=p, sampling=sampling) for i, p in enumerate(prompts)
     ]
-    frames = engine.generate(requests)
+    frames = generate_frames(engine, requests)
     return [
         [t for f in frames[str(i)] if isinstance(f, DeltaFrame) for t in f.token_ids]
         for i in range(len(prompts))
@@ -208,6 +209,6 @@ def test_default_model_knows_the_capital_of_france(default_model: LoadedModel) -
         model_config=default_model.config,
         model_name=default_model.name,
     )
-    frames = engine.generate([chat])["paris"]
+    frames = generate_frames(engine, [chat])["paris"]
     text = "".join(f.text for f in frames if isinstance(f, DeltaFrame))
     assert "Paris" in text

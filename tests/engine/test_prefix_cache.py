@@ -11,10 +11,11 @@ import openai
 import pytest
 
 from engine.cache.prefix_cache import PrefixCachingBlockManager
-from engine.llm_engine import LLMEngine
-from engine.server import create_app
+from engine.core.llm_engine import LLMEngine
+from engine.serving.frames import generate_frames
+from engine.serving.server import create_app
 from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, SamplingParams, parse_frame
-from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_engine
+from tests.engine.tiny_engine import add_wire_request, make_byte_tokenizer, make_tiny_engine
 from tests.gateway.live_server import ServerThread
 
 SYSTEM = "You are a terse assistant. Answer in one line, please. "  # 55 bytes: ends mid-block (block 4)
@@ -43,7 +44,7 @@ def final(frames: Frames) -> FinalFrame:
 
 
 def one_by_one(llm: LLMEngine, requests: list[GenerateRequest]) -> dict[str, Frames]:
-    return {r.request_id: llm.generate([r])[r.request_id] for r in requests}
+    return {r.request_id: generate_frames(llm, [r])[r.request_id] for r in requests}
 
 
 def assert_same_tokens(got: dict[str, Frames], expected: dict[str, Frames]) -> None:
@@ -77,16 +78,16 @@ def test_shared_prefix_is_reused_and_outputs_are_unchanged() -> None:
 def test_repeated_prompt_reuses_all_but_its_last_token() -> None:
     prompt = SYSTEM + QUESTIONS[0]  # 67 bytes
     llm = engine(True)
-    first, second = (llm.generate([request(rid, prompt)])[rid] for rid in ("a", "b"))
+    first, second = (generate_frames(llm, [request(rid, prompt)])[rid] for rid in ("a", "b"))
     assert tokens(first) == tokens(second)
     assert final(second).cached_tokens == len(prompt) - 1
     # The first request's generated tokens were cached too (whole blocks of those computed:
     # all but the last sampled token), so a follow-up turn reuses them.
     follow_up = prompt + llm.tokenizer.decode(tokens(first)) + " And 3+3?"
-    third = llm.generate([request("c", follow_up)])["c"]
+    third = generate_frames(llm, [request("c", follow_up)])["c"]
     computed = len(prompt) + len(tokens(first)) - 1
     assert final(third).cached_tokens == computed // 4 * 4
-    assert tokens(third) == tokens(engine(False).generate([request("c", follow_up)])["c"])
+    assert tokens(third) == tokens(generate_frames(engine(False), [request("c", follow_up)])["c"])
 
 
 @pytest.mark.parametrize("cut", [1, 2, 3, 4, 5, 6, 7])
@@ -103,9 +104,9 @@ def test_matches_ending_at_every_offset_in_a_block(cut: int) -> None:
 def test_evictions_under_a_tiny_block_pool_keep_outputs() -> None:
     prompts = [f"{i} " + SYSTEM[i:] + q for i in range(4) for q in QUESTIONS[:3]]
     reqs = [request(str(i), p, max_tokens=6) for i, p in enumerate(prompts)]
-    roomy = engine(False).generate(reqs)
+    roomy = generate_frames(engine(False), reqs)
     llm = engine(True, num_kv_blocks=40, max_num_seqs=4)  # 160 tokens: two requests at a time, barely
-    got = llm.generate(reqs)
+    got = generate_frames(llm, reqs)
     assert_same_tokens(got, roomy)
     stats = llm.block_manager.cache.stats()  # type: ignore[attr-defined]
     assert stats.evicted_blocks > 0
@@ -119,7 +120,7 @@ def test_concurrent_requests_share_a_prefix_still_being_prefilled() -> None:
     # 48 tokens a step: the 110-byte shared prefix takes three chunked steps to prefill, and
     # the leftover budget of each step could admit another request sharing it.
     llm = engine(True, max_num_batched_tokens=48)
-    got = llm.generate(reqs)
+    got = generate_frames(llm, reqs)
     assert_same_tokens(got, expected)
     cached = sorted(final(f).cached_tokens for f in got.values())
     # The first computes the prefix; the rest wait for its chunks instead of recomputing them.
@@ -131,16 +132,16 @@ def test_concurrent_identical_prompts_in_one_batch() -> None:
     reqs = [request(str(i), SYSTEM + QUESTIONS[0]) for i in range(4)]
     expected = one_by_one(engine(False), reqs[:1])["0"]
     llm = engine(True, max_num_batched_tokens=512)
-    got = llm.generate(reqs)
+    got = generate_frames(llm, reqs)
     assert all(tokens(f) == tokens(expected) for f in got.values())
     assert_all_blocks_come_back(llm)
 
 
 def test_preemption_and_n_choices_with_the_cache() -> None:
     reqs = [request(str(i), SYSTEM[:30] + q, max_tokens=20) for i, q in enumerate(QUESTIONS)]
-    expected = engine(False).generate(reqs)
+    expected = generate_frames(engine(False), reqs)
     llm = engine(True, num_kv_blocks=30)
-    assert_same_tokens(llm.generate(reqs), expected)
+    assert_same_tokens(generate_frames(llm, reqs), expected)
     assert llm.metrics.preemptions._value.get() > 0
     assert_all_blocks_come_back(llm)
 
@@ -149,7 +150,7 @@ def test_preemption_and_n_choices_with_the_cache() -> None:
         prompt=SYSTEM + QUESTIONS[1],
         sampling=SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True, n=3),
     )
-    frames = llm.generate([n_request])["n"]
+    frames = generate_frames(llm, [n_request])["n"]
     assert tokens(frames, 0) == tokens(frames, 1) == tokens(frames, 2) != []
     assert_all_blocks_come_back(llm)
 
@@ -157,23 +158,23 @@ def test_preemption_and_n_choices_with_the_cache() -> None:
 def test_namespaces_do_not_share() -> None:
     llm = engine(True)
     prompt = SYSTEM + QUESTIONS[0]
-    llm.generate([request("a", prompt, namespace="tenant-a")])
-    other = llm.generate([request("b", prompt, namespace="tenant-b")])["b"]
-    same = llm.generate([request("c", prompt, namespace="tenant-a")])["c"]
+    generate_frames(llm, [request("a", prompt, namespace="tenant-a")])
+    other = generate_frames(llm, [request("b", prompt, namespace="tenant-b")])["b"]
+    same = generate_frames(llm, [request("c", prompt, namespace="tenant-a")])["c"]
     assert final(other).cached_tokens == 0
     assert final(same).cached_tokens == len(prompt) - 1
 
 
 def test_waiting_queue_prefers_cached_prefixes_within_an_age_bound() -> None:
     llm = engine(True, max_num_seqs=1)
-    llm.generate([request("warm", SYSTEM + QUESTIONS[0])])
-    llm.add_request(request("cold", "completely unrelated prompt"))
-    llm.add_request(request("hot", SYSTEM + QUESTIONS[1]))
+    generate_frames(llm, [request("warm", SYSTEM + QUESTIONS[0])])
+    add_wire_request(llm, request("cold", "completely unrelated prompt"))
+    add_wire_request(llm, request("hot", SYSTEM + QUESTIONS[1]))
     first = llm.scheduler.schedule().seqs
     assert [s.request_id for s in first] == ["hot"]
     llm.abort_request("hot")
 
-    llm.add_request(request("hot2", SYSTEM + QUESTIONS[2]))
+    add_wire_request(llm, request("hot2", SYSTEM + QUESTIONS[2]))
     cold = next(s for s in llm.scheduler.waiting if s.request_id == "cold")
     cold.arrival_time = time.monotonic() - llm.scheduler.max_cache_aware_wait_s  # waited too long
     assert [s.request_id for s in llm.scheduler.schedule().seqs] == ["cold"]

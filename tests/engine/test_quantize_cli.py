@@ -17,12 +17,13 @@ from safetensors import safe_open
 from torch import nn
 
 from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.layers.quant import Int4Linear
 from engine.layers.quant.formats import awq_gemm_from_int4, int4_from_awq_gemm
 from engine.layers.quant.quantizers import rtn_quantize
-from engine.llm_engine import LLMEngine
 from engine.loader import LoadedModel, load_model
 from engine.quantize import default_calibration_text, main, quantize_model, write_checkpoint
+from engine.serving.frames import generate_frames
 from protocol.rpc import GenerateRequest, SamplingParams
 from tests.engine.test_awq_convert import autoawq_pack
 from tests.engine.test_loader_gguf import BYTE_TOKENS, write_gguf
@@ -168,7 +169,7 @@ def test_quantized_checkpoint_serves_greedy_generation(float_dir: Path, tmp_path
         prompt=PROMPT,
         sampling=SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
     )
-    frames = engine.generate([request])["r"]
+    frames = generate_frames(engine, [request])["r"]
     generated = [t for f in frames if f.type == "delta" for t in f.token_ids]
     assert len(generated) == 12
     # paged, step-by-step decoding picks what one full forward of the same model ranks first

@@ -6,9 +6,9 @@ from collections import Counter
 
 import torch
 
-from engine.sampler import apply_penalties, sample
-from engine.sequence import Sequence
-from protocol.rpc import SamplingParams
+from engine.core.outputs import SamplingParams
+from engine.core.sampler import apply_penalties, sample
+from engine.core.sequence import Sequence
 
 
 def make_seq(seed: int = 0, prompt: list[int] | None = None, output: list[int] = (), **params) -> Sequence:

@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from engine.loader import LoadedModel
-from engine.server import create_app
+from engine.serving.server import create_app
 from protocol.rpc import DeltaFrame, FinalFrame, parse_frame
 from tests.engine.tiny_engine import blocks_held_by_requests, make_tiny_engine
 from tests.gateway.live_server import ServerThread

@@ -16,10 +16,12 @@ from tokenizers import Tokenizer as Backend
 from tokenizers import decoders, models, pre_tokenizers
 
 from engine.config import EngineConfig
-from engine.llm_engine import LLMEngine
+from engine.core.llm_engine import LLMEngine
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
+from engine.serving.requests import engine_request
 from engine.tokenizer import Tokenizer, _bytes_to_unicode
+from protocol.rpc import GenerateRequest
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -81,6 +83,11 @@ def make_tiny_engine(tokenizer: Tokenizer | None = None, **overrides: Any) -> LL
         model_config=config,
         model_name="tiny",
     )
+
+
+def add_wire_request(engine: LLMEngine, request: GenerateRequest) -> None:
+    """Queue an RPC request the way the server does: check the model and tokenise, then add."""
+    engine.add_request(engine_request(request, engine.tokenizer, model_name=engine.model_name))
 
 
 def blocks_held_by_requests(engine: LLMEngine) -> int:

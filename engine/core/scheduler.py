@@ -11,6 +11,10 @@ When the pool runs out, the most recently admitted running sequence is
 preempted: its blocks are freed and it goes back to the front of the waiting
 queue, to be recomputed later (its generated tokens are kept). Nothing fails
 for lack of memory; it waits.
+
+The scheduler is the only writer of a sequence's progress (``num_computed_tokens``,
+``num_cached_tokens``, its tokens): the block manager reports what it reused and
+:meth:`Scheduler.postprocess` applies what a step computed and sampled.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.cache.block_manager import BlockManager
-from engine.sequence import Sequence, SequenceStatus
+from engine.core.sampler import SampledToken
+from engine.core.sequence import Sequence, SequenceStatus
 
 
 @dataclass
@@ -74,6 +79,20 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
 
+    def add_forked(self, child: Sequence, parent: Sequence) -> None:
+        """Queue ``child``, a further choice of ``parent``'s request, sharing its computed prompt blocks.
+
+        The child still computes at least one prompt token itself, so its first step
+        yields logits; it reports the parent's cached tokens.
+        """
+        bs = self.block_manager.block_size
+        shared_blocks = (parent.num_prompt_tokens - 1) // bs
+        child.num_cached_tokens = parent.num_cached_tokens
+        if shared_blocks:
+            self.block_manager.share(child, parent.block_table[:shared_blocks])
+            child.num_computed_tokens = shared_blocks * bs
+        self.add_first(child)
+
     def finish(self, seq: Sequence) -> None:
         """Remove a finished or aborted sequence and free its blocks now."""
         if seq.status is SequenceStatus.RUNNING:
@@ -81,10 +100,7 @@ class Scheduler:
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
         seq.status = SequenceStatus.FINISHED
-        self.block_manager.free(seq)
-
-    def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        self._free(seq)
 
     @property
     def num_running(self) -> int:
@@ -103,6 +119,21 @@ class Scheduler:
         if out.num_preempted == 0:
             self._schedule_waiting(out, budget)
         return out
+
+    def postprocess(
+        self, batch: SchedulerOutput, sampled: list[SampledToken | None]
+    ) -> list[tuple[Sequence, SampledToken]]:
+        """Apply a step: advance what each sequence computed, append its sampled token.
+
+        Returns the sequences that got a token (in batch order), for the engine to emit.
+        """
+        got: list[tuple[Sequence, SampledToken]] = []
+        for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, sampled, strict=True):
+            seq.num_computed_tokens += num_new
+            if token is not None:
+                seq.append_token(token.token_id)
+                got.append((seq, token))
+        return got
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         i = 0
@@ -134,7 +165,7 @@ class Scheduler:
             fresh = seq.num_computed_tokens == 0 and not seq.block_table
             if fresh and self._prefix_in_flight(seq):
                 continue  # a running prefill is computing this prefix: wait a step or two and reuse it
-            copies = self.block_manager.reuse_cached_prefix(seq) if fresh else []
+            copies = self._reuse_cached_prefix(seq) if fresh else []
             num_new = seq.num_uncomputed_tokens
             if num_new > budget and not self.enable_chunked_prefill:
                 # Whole prompts only; one larger than the budget runs alone so it cannot starve.
@@ -143,10 +174,8 @@ class Scheduler:
                     break
             else:
                 num_new = min(num_new, budget)
-            missing = self.block_manager.num_missing_blocks(seq, num_new)
             spare = self.watermark_blocks if self.running else 0
-            available = self.block_manager.num_free_blocks + self.block_manager.num_reclaimable_blocks()
-            if missing + spare > available:
+            if not self.block_manager.can_allocate(seq, num_new, reserve=spare):
                 self._undo_prefix(seq, fresh)
                 break
             self.block_manager.allocate(seq, num_new)
@@ -203,14 +232,27 @@ class Scheduler:
                 return True
         return False
 
+    def _reuse_cached_prefix(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Take what the prefix cache holds for ``seq``; returns the block copies to run first."""
+        reused = self.block_manager.reuse_cached_prefix(seq)
+        seq.num_computed_tokens = reused.num_tokens
+        if seq.num_preemptions == 0 and self.block_manager.caches_prefixes:
+            seq.num_cached_tokens = min(reused.num_tokens, seq.num_prompt_tokens)  # the first admission's
+        return reused.block_copies
+
     def _undo_prefix(self, seq: Sequence, fresh: bool) -> None:
         """Give back cached blocks just taken for a sequence that is not admitted after all."""
         if fresh and seq.block_table:
-            self.block_manager.free(seq)
+            self._free(seq)
             seq.num_cached_tokens = 0
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.block_manager.free(seq)
+        self._free(seq)
         seq.num_preemptions += 1
         self.add_first(seq)
+
+    def _free(self, seq: Sequence) -> None:
+        """Drop the sequence's blocks; with its KV gone, it recomputes from the start."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0

@@ -8,15 +8,12 @@ that computes its last token yields logits, and the sampled token is appended.
 from __future__ import annotations
 
 import enum
-import itertools
 import time
 from dataclasses import dataclass, field
 
 import torch
 
-from protocol.rpc import FinishReason, SamplingParams
-
-_seq_ids = itertools.count()
+from engine.core.outputs import FinishReason, SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -37,13 +34,12 @@ class Sequence:
     generator: torch.Generator | None = None
     """Per-sequence RNG, so sampled tokens do not depend on the rest of the batch."""
     cache_namespace: str | None = None
-    seq_id: int = field(default_factory=lambda: next(_seq_ids))
     token_ids: list[int] = field(default_factory=list)
     """Prompt followed by the generated tokens."""
     num_computed_tokens: int = 0
-    """Tokens whose K/V are in the cache."""
+    """Tokens whose K/V are in the cache. Only the scheduler writes it."""
     num_cached_tokens: int = 0
-    """Prompt tokens served from the prefix cache (reported as usage ``cached_tokens``)."""
+    """Prompt tokens served from the prefix cache (reported as usage ``cached_tokens``); scheduler-owned."""
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None

@@ -1,9 +1,11 @@
-"""The engine loop: ``step()`` = schedule -> run the model -> turn sampled tokens into frames.
+"""The engine loop: ``step()`` = schedule -> run the model -> turn sampled tokens into outputs.
 
 The engine is single-threaded by design: one owner (the server's step thread,
 a benchmark, a test) calls :meth:`add_request`, :meth:`abort_request` and
-:meth:`step`. Its output is the RPC's own frames (``protocol/rpc.py``), so
-the server only has to route them to the right stream.
+:meth:`step`. It speaks its own types (``engine/core/outputs.py``): requests come
+in tokenised, and each step returns plain :class:`RequestOutput` data (token ids,
+text deltas, finish reasons, logprobs) that the serving layer turns into frames.
+Detokenisation and stop strings stay here, since they decide when a choice ends.
 """
 
 from __future__ import annotations
@@ -21,47 +23,27 @@ from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
 from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.config import EngineConfig
+from engine.core.model_runner import ModelRunner
+from engine.core.outputs import (
+    ChoiceDelta,
+    EngineRequest,
+    ErrorKind,
+    FinishReason,
+    Logprob,
+    RequestError,
+    RequestOutput,
+    RequestUsage,
+)
+from engine.core.sampler import SampledToken
+from engine.core.scheduler import Scheduler, SchedulerOutput
+from engine.core.sequence import Sequence
+from engine.core.stopping import StopStringMatcher
 from engine.layers.packed_linear import pack_cpu_linears
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
-from engine.sampler import SampledToken
-from engine.scheduler import Scheduler, SchedulerOutput
-from engine.sequence import Sequence
-from engine.stopping import StopStringMatcher
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
-from protocol.rpc import (
-    DeltaFrame,
-    FinalFrame,
-    FinishReason,
-    GenerateRequest,
-    TokenLogprob,
-    TopLogprob,
-)
 
 log = logging.getLogger(__name__)
-
-
-class RequestError(ValueError):
-    """A request the engine refuses before doing any work (answered as an OpenAI error)."""
-
-    def __init__(
-        self, message: str, *, status: int = 400, code: str = "invalid_request", param: str | None = None
-    ):
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.code = code
-        self.param = param
-
-
-@dataclass
-class RequestOutput:
-    """Frames produced for one request by one step; ``finished`` once the FinalFrame is among them."""
-
-    request_id: str
-    frames: list[DeltaFrame | FinalFrame] = field(default_factory=list)
-    finished: bool = False
 
 
 @dataclass(eq=False)
@@ -77,8 +59,7 @@ class _Choice:
 
 @dataclass(eq=False)
 class _Request:
-    request: GenerateRequest
-    prompt_token_ids: list[int]
+    request: EngineRequest
     choices: list[_Choice]
     arrival_time: float = field(default_factory=time.monotonic)
 
@@ -150,40 +131,23 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
 
-    def tokenize(self, request: GenerateRequest) -> list[int]:
-        if request.messages is not None:
-            messages = [m.model_dump(exclude_none=True) for m in request.messages]
-            try:
-                return self.tokenizer.encode_chat(messages)
-            except Exception as exc:  # template errors are the caller's input problem
-                raise RequestError(f"could not apply the chat template: {exc}", param="messages") from exc
-        if isinstance(request.prompt, str):
-            return self.tokenizer.encode(request.prompt)
-        return list(request.prompt or [])
-
-    def add_request(self, request: GenerateRequest, prompt_token_ids: list[int] | None = None) -> None:
-        """Validate and queue a request; raises :class:`RequestError` for bad input."""
-        if request.model is not None and request.model != self.model_name:
-            raise RequestError(
-                f"The model '{request.model}' does not exist; this engine serves '{self.model_name}'.",
-                status=404,
-                code="model_not_found",
-                param="model",
-            )
+    def add_request(self, request: EngineRequest) -> None:
+        """Validate and queue a tokenised request; raises :class:`RequestError` for bad input."""
         if request.request_id in self._requests:
             raise RequestError(f"request id '{request.request_id}' is already in flight", param="request_id")
-        prompt = self.tokenize(request) if prompt_token_ids is None else prompt_token_ids
+        prompt = request.prompt_token_ids
         self._check_prompt(prompt)
         sampling = request.sampling
         room = self.max_model_len - len(prompt)
         max_tokens = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
         choices = [
             _Choice(
-                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt), StopStringMatcher(sampling.stop)
+                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt),
+                StopStringMatcher(list(sampling.stop)),
             )
             for _ in range(sampling.n)
         ]
-        state = _Request(request, prompt, choices)
+        state = _Request(request, choices)
         first = self._new_sequence(state, index=0, max_tokens=max_tokens)
         choices[0].seq = first
         self._requests[request.request_id] = state
@@ -197,7 +161,7 @@ class LLMEngine:
             raise RequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, your prompt "
                 f"has {len(prompt)} tokens, leaving no room for a completion. Please shorten the prompt.",
-                code="context_length_exceeded",
+                kind=ErrorKind.CONTEXT_LENGTH_EXCEEDED,
                 param="messages",
             )
         vocab = self.model_config.vocab_size
@@ -213,7 +177,7 @@ class LLMEngine:
             generator.manual_seed(random.getrandbits(63))
         return Sequence(
             request_id=state.request.request_id,
-            prompt_token_ids=state.prompt_token_ids,
+            prompt_token_ids=state.request.prompt_token_ids,
             sampling=sampling,
             max_tokens=max_tokens,
             index=index,
@@ -223,7 +187,7 @@ class LLMEngine:
         )
 
     def abort_request(self, request_id: str, reason: FinishReason = "abort") -> RequestOutput | None:
-        """Stop a request now and free its blocks; returns its closing frames (None if unknown)."""
+        """Stop a request now and free its blocks; returns its closing output (None if unknown)."""
         state = self._requests.get(request_id)
         if state is None:
             return None
@@ -231,7 +195,7 @@ class LLMEngine:
         for index, choice in enumerate(state.choices):
             if choice.finish_reason is None:
                 self._finish_choice(choice, reason)
-                out.frames.append(DeltaFrame(index=index, finish_reason=reason))
+                out.deltas.append(ChoiceDelta(index=index, finish_reason=reason))
         self._close_request(state, out)
         self._update_gauges()
         return out
@@ -267,21 +231,18 @@ class LLMEngine:
         return [out for rid in expired if (out := self.abort_request(rid)) is not None]
 
     def _postprocess(self, batch: SchedulerOutput, sampled: list[SampledToken | None]) -> list[RequestOutput]:
+        """The scheduler applies the step to the sequences; this turns their new tokens into outputs."""
         now = time.monotonic()
         outputs: dict[str, RequestOutput] = {}
-        for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, sampled, strict=True):
-            seq.num_computed_tokens += num_new
-            if token is None:
-                continue
+        for seq, token in self.scheduler.postprocess(batch, sampled):
             state = self._requests[seq.request_id]
             out = outputs.setdefault(seq.request_id, RequestOutput(seq.request_id))
-            seq.append_token(token.token_id)
             self._record_timing(seq, now)
             if seq.num_output_tokens == 1 and seq.index == 0:
-                self.metrics.prompt_tokens.inc(len(state.prompt_token_ids))
+                self.metrics.prompt_tokens.inc(len(state.request.prompt_token_ids))
                 self.metrics.cached_prompt_tokens.inc(seq.num_cached_tokens)
                 self._fork_choices(state, seq)
-            out.frames.append(self._emit(state, seq, token))
+            out.deltas.append(self._emit(state, seq, token))
             if state.finished:
                 self._close_request(state, out)
         return list(outputs.values())
@@ -298,17 +259,12 @@ class LLMEngine:
 
     def _fork_choices(self, state: _Request, parent: Sequence) -> None:
         """Start choices 1..n-1 once choice 0 has its prompt cached: they share its full prompt blocks."""
-        bs = self.config.block_size
-        shared_blocks = (len(state.prompt_token_ids) - 1) // bs  # each child still computes >= 1 token
         for index in range(1, len(state.choices)):
             child = self._new_sequence(state, index=index, max_tokens=parent.max_tokens)
-            child.num_cached_tokens = parent.num_cached_tokens
-            if shared_blocks:
-                self.block_manager.share(child, parent.block_table[:shared_blocks], shared_blocks * bs)
             state.choices[index].seq = child
-            self.scheduler.add_first(child)
+            self.scheduler.add_forked(child, parent)
 
-    def _emit(self, state: _Request, seq: Sequence, token: SampledToken) -> DeltaFrame:
+    def _emit(self, state: _Request, seq: Sequence, token: SampledToken) -> ChoiceDelta:
         """Turn one sampled token into a delta, deciding whether the choice is done."""
         choice = state.choices[seq.index]
         sampling = seq.sampling
@@ -332,25 +288,12 @@ class LLMEngine:
             text += choice.stop.flush()
             if choice.stop.stopped:
                 reason = "stop"
-        frame = DeltaFrame(index=seq.index, text=text, token_ids=[token_id], finish_reason=reason)
+        delta = ChoiceDelta(index=seq.index, token_ids=[token_id], text=text, finish_reason=reason)
         if token.logprob is not None:
-            frame.logprobs = [self._token_logprob(token)]
+            delta.logprobs = [Logprob(token_id, token.logprob, list(token.top_logprobs or []))]
         if reason is not None:
             self._finish_choice(choice, reason)
-        return frame
-
-    def _token_logprob(self, token: SampledToken) -> TokenLogprob:
-        top = [
-            TopLogprob(token=(s := self._token_text(t)), logprob=lp, bytes=list(s.encode()))
-            for t, lp in token.top_logprobs or []
-        ]
-        text = self._token_text(token.token_id)
-        return TokenLogprob(
-            token=text, logprob=token.logprob or 0.0, bytes=list(text.encode()), top_logprobs=top
-        )
-
-    def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return delta
 
     def _finish_choice(self, choice: _Choice, reason: FinishReason) -> None:
         choice.finish_reason = reason
@@ -358,18 +301,14 @@ class LLMEngine:
             self.scheduler.finish(choice.seq)
 
     def _close_request(self, state: _Request, out: RequestOutput) -> None:
-        reasons = [c.finish_reason or "abort" for c in state.choices]
+        reasons: list[FinishReason] = [c.finish_reason or "abort" for c in state.choices]
         first = state.choices[0].seq
-        out.frames.append(
-            FinalFrame(
-                finish_reason=reasons[0],
-                finish_reasons=reasons,
-                prompt_tokens=len(state.prompt_token_ids),
-                cached_tokens=first.num_cached_tokens if first else 0,
-                completion_tokens=sum(c.num_tokens for c in state.choices),
-            )
+        out.usage = RequestUsage(
+            finish_reasons=reasons,
+            prompt_tokens=len(state.request.prompt_token_ids),
+            cached_tokens=first.num_cached_tokens if first else 0,
+            completion_tokens=sum(c.num_tokens for c in state.choices),
         )
-        out.finished = True
         del self._requests[state.request.request_id]
         self.metrics.requests_finished.labels(finish_reason=reasons[0]).inc()
 
@@ -381,21 +320,22 @@ class LLMEngine:
             blocks_used=self.block_manager.num_blocks - free,
             blocks_free=free,
         )
-        if isinstance(self.block_manager, PrefixCachingBlockManager):
-            self.metrics.set_prefix_cache(self.block_manager.cache_stats())
+        if (stats := self.block_manager.cache_stats()) is not None:
+            self.metrics.set_prefix_cache(stats)
 
     # -- convenience -----------------------------------------------------------------------
 
-    def generate(self, requests: list[GenerateRequest]) -> dict[str, list[DeltaFrame | FinalFrame]]:
-        """Run requests to completion (tests, offline use); frames per request id."""
-        frames: dict[str, list[DeltaFrame | FinalFrame]] = {}
+    def generate(self, requests: list[EngineRequest]) -> dict[str, RequestOutput]:
+        """Run requests to completion (tests, offline use): each request's deltas, in order, and usage."""
+        results = {request.request_id: RequestOutput(request.request_id) for request in requests}
         for request in requests:
             self.add_request(request)
-            frames[request.request_id] = []
         while self.has_unfinished_requests():
             for out in self.step():
-                frames[out.request_id].extend(out.frames)
-        return frames
+                result = results[out.request_id]
+                result.deltas.extend(out.deltas)
+                result.usage = out.usage or result.usage
+        return results
 
 
 def release_freed_memory() -> None:

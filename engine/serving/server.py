@@ -2,10 +2,11 @@
 
 The :class:`LLMEngine` lives in one dedicated thread (:class:`EngineThread`) that
 runs ``step()`` while there is work. HTTP handlers never touch it directly: they
-send commands (add, abort) through a thread-safe queue and receive each step's
-frames on the event loop via ``call_soon_threadsafe``, one asyncio queue per
-request. A stream that ends before its final frame (client gone, gateway
-cancelled) aborts the request, which frees its KV blocks at once.
+tokenise the request in a worker thread, send commands (add, abort) through a
+thread-safe queue and receive each step's outputs on the event loop via
+``call_soon_threadsafe``, where they become frames (``frames.py``), one asyncio
+queue per request. A stream that ends before its final frame (client gone,
+gateway cancelled) aborts the request, which frees its KV blocks at once.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.llm_engine import LLMEngine, RequestError, RequestOutput
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import ErrorKind, RequestError, RequestOutput
+from engine.serving.frames import Frame, error_frame, to_frames
+from engine.serving.requests import engine_request
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, parse_request
 from protocol.openai.responses import ResponseAccumulator, StreamFormatter
@@ -47,9 +51,15 @@ from protocol.rpc import (
 
 log = logging.getLogger(__name__)
 
-Frame = DeltaFrame | FinalFrame | ErrorFrame
 _IDLE_WAIT_S = 0.5
 _DISCONNECT_POLL_S = 0.5
+HTTP_STATUS = {
+    ErrorKind.INVALID_REQUEST: 400,
+    ErrorKind.MODEL_NOT_FOUND: 404,
+    ErrorKind.CONTEXT_LENGTH_EXCEEDED: 400,
+    ErrorKind.CONFLICT: 409,
+}
+"""The status each kind of refused request is answered with."""
 
 
 class EngineThread:
@@ -78,14 +88,18 @@ class EngineThread:
     # -- asyncio side ---------------------------------------------------------------------
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[Frame]:
-        """Queue ``request``; raises RequestError before streaming if the engine refuses it."""
+        """Tokenise and queue ``request``; raises RequestError before streaming if it is refused."""
         request_id = request.request_id
         if request_id in self._streams:
-            raise RequestError(f"request id '{request_id}' is already in flight", status=409, code="conflict")
+            raise RequestError(f"request id '{request_id}' is already in flight", kind=ErrorKind.CONFLICT)
         stream: asyncio.Queue[Frame] = asyncio.Queue()
         self._streams[request_id] = stream
+        engine = self.engine
         try:
-            await self._call(lambda: self.engine.add_request(request))
+            core = await asyncio.to_thread(
+                engine_request, request, engine.tokenizer, model_name=engine.model_name
+            )
+            await self._call(lambda: engine.add_request(core))
         except BaseException:
             self._streams.pop(request_id, None)
             raise
@@ -109,7 +123,7 @@ class EngineThread:
     async def abort(self, request_id: str) -> bool:
         out = await self._call(lambda: self.engine.abort_request(request_id))
         if out is not None:
-            self._deliver([out])
+            self._deliver_outputs([out])
         return out is not None
 
     async def _call(self, fn: Callable[[], Any]) -> Any:
@@ -133,12 +147,19 @@ class EngineThread:
         self._commands.put(command)
         self._wake.set()
 
-    def _deliver(self, outputs: list[RequestOutput]) -> None:
+    def _deliver_outputs(self, outputs: list[RequestOutput]) -> None:
+        """Turn a step's outputs into frames (on the event loop, off the step thread) and route them."""
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is not None:
-                for frame in out.frames:
+                for frame in to_frames(out, self.engine.tokenizer):
                     stream.put_nowait(frame)
+
+    def _deliver_errors(self, errors: list[tuple[str, ErrorFrame]]) -> None:
+        for request_id, frame in errors:
+            stream = self._streams.get(request_id)
+            if stream is not None:
+                stream.put_nowait(frame)
 
     # -- engine thread --------------------------------------------------------------------
 
@@ -153,9 +174,12 @@ class EngineThread:
                 outputs = self.engine.step()
             except Exception as exc:  # keep serving: fail the requests in flight, free their blocks
                 log.exception("engine step failed")
-                outputs = self._fail_all(exc)
+                errors = self._fail_all(exc)
+                if errors and self._loop is not None:
+                    self._loop.call_soon_threadsafe(self._deliver_errors, errors)
+                continue
             if outputs and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._deliver, outputs)
+                self._loop.call_soon_threadsafe(self._deliver_outputs, outputs)
 
     def _run_commands(self) -> None:
         while True:
@@ -165,22 +189,15 @@ class EngineThread:
                 return
             command()
 
-    def _fail_all(self, exc: Exception) -> list[RequestOutput]:
-        outputs = []
+    def _fail_all(self, exc: Exception) -> list[tuple[str, ErrorFrame]]:
+        errors = []
         for request_id in list(self.engine.request_ids()):
             out = self.engine.abort_request(request_id, reason="error")
-            if out is None:
-                continue
-            final = out.frames[-1]
-            assert isinstance(final, FinalFrame)
-            error = ErrorFrame(
-                message=f"the engine failed while generating: {exc}",
-                prompt_tokens=final.prompt_tokens,
-                cached_tokens=final.cached_tokens,
-                completion_tokens=final.completion_tokens,
-            )
-            outputs.append(RequestOutput(request_id, [error], finished=True))  # type: ignore[list-item]
-        return outputs
+            if out is not None:
+                errors.append(
+                    (request_id, error_frame(f"the engine failed while generating: {exc}", out.usage))
+                )
+        return errors
 
 
 def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
@@ -197,7 +214,7 @@ def _error(status: int, message: str, *, param: str | None = None, code: str | N
 
 
 def _request_error(exc: RequestError) -> JSONResponse:
-    return _error(exc.status, exc.message, param=exc.param, code=exc.code)
+    return _error(HTTP_STATUS[exc.kind], exc.message, param=exc.param, code=exc.code)
 
 
 def create_app(engine: LLMEngine) -> FastAPI:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sequence import Sequence
-from protocol.rpc import SamplingParams
+from engine.core.outputs import SamplingParams
+from engine.core.sequence import Sequence
 
 
 @dataclass

@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from engine.config import KV_TOKENS_PER_SEQ, EngineConfig
-from engine.context import make_context, reset_context, set_context
+from engine.core.context import make_context, reset_context, set_context
+from engine.core.sampler import SampledToken, sample
+from engine.core.scheduler import SchedulerOutput
 from engine.layers.attention import Attention
 from engine.model_config import ModelConfig
-from engine.sampler import SampledToken, sample
-from engine.scheduler import SchedulerOutput
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""The engine's serving layer: HTTP routes, the step thread, and wire <-> core conversion."""
