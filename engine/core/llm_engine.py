@@ -16,6 +16,7 @@ import logging
 import random
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 
@@ -23,7 +24,7 @@ from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
 from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.config import EngineConfig
-from engine.core.model_runner import ModelRunner
+from engine.core.model_runner import CausalLM, ModelRunner
 from engine.core.outputs import (
     ChoiceDelta,
     EngineRequest,
@@ -86,7 +87,8 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.model_name = config.served_model_name or model_name
-        self.runner = ModelRunner(model, model_config, config, self.device, self.dtype)
+        # Loaders type models as nn.Module; every engine model has the CausalLM methods the runner calls.
+        self.runner = ModelRunner(cast(CausalLM, model), model_config, config, self.device, self.dtype)
         self.block_manager = self._make_block_manager(BlockAllocator(self.runner.num_blocks))
         capacity = self.runner.num_blocks * config.block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)

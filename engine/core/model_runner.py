@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -27,10 +29,18 @@ log = logging.getLogger(__name__)
 _GIB = 1 << 30
 
 
+class CausalLM(Protocol):
+    """What the runner needs of a model (engine/models/*): hidden states per token, then logits."""
+
+    def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
 class ModelRunner:
     def __init__(
         self,
-        model: nn.Module,
+        model: CausalLM,
         model_config: ModelConfig,
         engine_config: EngineConfig,
         device: torch.device,
