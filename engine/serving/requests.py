@@ -7,6 +7,8 @@ long prompts do not hold up the forward pass.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from engine.core.outputs import EngineRequest, ErrorKind, RequestError, SamplingParams
 from engine.tokenizer import Tokenizer
 from protocol.rpc import GenerateRequest
@@ -14,24 +16,10 @@ from protocol.rpc import SamplingParams as WireSamplingParams
 
 
 def sampling_params(wire: WireSamplingParams) -> SamplingParams:
-    """The core's sampling parameters from the RPC's (already validated) ones."""
-    return SamplingParams(
-        max_tokens=wire.max_tokens,
-        temperature=wire.temperature,
-        top_p=wire.top_p,
-        top_k=wire.top_k,
-        min_p=wire.min_p,
-        repetition_penalty=wire.repetition_penalty,
-        presence_penalty=wire.presence_penalty,
-        frequency_penalty=wire.frequency_penalty,
-        seed=wire.seed,
-        stop=tuple(wire.stop),
-        stop_token_ids=tuple(wire.stop_token_ids),
-        ignore_eos=wire.ignore_eos,
-        logprobs=wire.logprobs,
-        top_logprobs=wire.top_logprobs,
-        n=wire.n,
-    )
+    """The core's sampling parameters from the RPC's (already validated) ones: same names, lists
+    as tuples (the core's are frozen)."""
+    values = {f.name: getattr(wire, f.name) for f in fields(SamplingParams)}
+    return SamplingParams(**values | {"stop": tuple(wire.stop), "stop_token_ids": tuple(wire.stop_token_ids)})
 
 
 def check_model(request: GenerateRequest, model_name: str) -> None:
