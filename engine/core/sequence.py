@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.core.outputs import FinishReason, SamplingParams
+from engine.core.outputs import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -42,7 +42,6 @@ class Sequence:
     """Prompt tokens served from the prefix cache (reported as usage ``cached_tokens``); scheduler-owned."""
     block_table: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
-    finish_reason: FinishReason | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None
     last_token_time: float | None = None
