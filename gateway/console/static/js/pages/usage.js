@@ -62,15 +62,19 @@ function usageCard(get) {
   );
   const out = h("div", { class: "card", "aria-live": "polite" });
   let query = null;
+  let latest = 0; // only the newest report is drawn: an older one may answer last
 
   const show = async () => {
+    const call = ++latest;
     const v = Object.fromEntries(new FormData(form));
     const tenant = form.elements.tenant?.value || undefined;
     const groupBy = v.breakdown ? `day,${v.breakdown}` : "day";
-    query = { from: v.from, to: v.to, tenant, group_by: groupBy };
+    const shown = { from: v.from, to: v.to, tenant, group_by: groupBy };
     try {
-      const report = await (await request("GET", "/admin/reports/usage", { query })).json();
+      const report = await (await request("GET", "/admin/reports/usage", { query: shown })).json();
       const names = v.breakdown === "key" ? await keyNames(get, tenant) : new Map();
+      if (call !== latest) return;
+      query = shown; // what the CSV button downloads: the report on screen
       const columns = [["Day", (r) => r.day]];
       if (v.breakdown === "model") columns.push(["Model", (r) => r.model]);
       if (v.breakdown === "key") columns.push(["Key", (r) => names.get(r.key_id) || r.key_id]);
@@ -81,7 +85,7 @@ function usageCard(get) {
         table("Usage rows", columns, report.rows, "No usage in this period."),
       );
     } catch (error) {
-      message(out, error.message, "error");
+      if (call === latest) message(out, error.message, "error");
     }
   };
 
