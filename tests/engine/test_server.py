@@ -4,8 +4,10 @@ errors, SSE, UTF-8-safe streaming, aborts and client disconnects freeing KV bloc
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -115,7 +117,9 @@ def test_completions_sse_wire_format(url: str) -> None:
 
 
 def test_rpc_generate_streams_frames_ending_in_one_final(url: str) -> None:
-    frames = rpc_frames(url, {"request_id": "rpc-1", "prompt": "hello", "sampling": {"max_tokens": 5}})
+    frames = rpc_frames(
+        url, {"request_id": "rpc-1", "prompt": "hello", "sampling": {"max_tokens": 5, "ignore_eos": True}}
+    )
     assert all(isinstance(f, DeltaFrame) for f in frames[:-1])
     final = frames[-1]
     assert isinstance(final, FinalFrame)
@@ -168,17 +172,48 @@ def test_rpc_abort_ends_the_stream_and_frees_blocks(url: str, engine: LLMEngine)
     assert httpx.post(f"{url}/rpc/v1/abort", json={"request_id": "to-abort"}).json() == {"aborted": False}
 
 
-@pytest.mark.parametrize("path", ["/v1/completions", "/rpc/v1/generate"])
-def test_client_disconnect_mid_stream_frees_blocks(url: str, engine: LLMEngine, path: str) -> None:
+@contextmanager
+def engine_paused_after_first_output(engine: LLMEngine, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Hold the step loop after the first step with outputs until the block exits: the tiny model
+    would otherwise finish 120 tokens before a busy test thread gets to disconnect mid-stream."""
+    produced, release = threading.Event(), threading.Event()
+    step = engine.step
+
+    def gated_step() -> list:
+        if produced.is_set():
+            release.wait(30)
+        outputs = step()
+        if outputs:
+            produced.set()
+        return outputs
+
+    monkeypatch.setattr(engine, "step", gated_step)
+    try:
+        yield
+    finally:
+        release.set()
+
+
+def aborted(engine: LLMEngine) -> float:
+    return engine.metrics.requests_finished.labels(finish_reason="abort")._value.get()
+
+
+@pytest.mark.parametrize("path", ["/rpc/v1/generate", "/v1/completions"])
+def test_client_disconnect_mid_stream_frees_blocks(
+    url: str, engine: LLMEngine, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     if path == "/rpc/v1/generate":
         body = {"request_id": "gone", "prompt": "abc", "sampling": {"max_tokens": 120, "temperature": 0}}
     else:  # greedy: the tiny model's printable tokens always beat eos
         body = {"model": "tiny", "prompt": "abc", "max_tokens": 120, "stream": True, "temperature": 0}
-    with httpx.stream("POST", f"{url}{path}", json=body, timeout=60) as response:
-        next(response.iter_lines())
-        assert blocks_held_by_requests(engine) > 0
+    aborted_before = aborted(engine)
+    with engine_paused_after_first_output(engine, monkeypatch):
+        with httpx.stream("POST", f"{url}{path}", json=body, timeout=60) as response:
+            next(response.iter_lines())
+            assert blocks_held_by_requests(engine) > 0  # mid-stream: the engine is held
     assert wait_until(lambda: blocks_held_by_requests(engine) == 0)
     assert wait_until(lambda: not engine.has_unfinished_requests())
+    assert aborted(engine) == aborted_before + 1  # ended by the disconnect, not by max_tokens
 
 
 def test_client_timeout_on_a_whole_response_frees_blocks(url: str, engine: LLMEngine) -> None:
