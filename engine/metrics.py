@@ -5,6 +5,10 @@ Token rates are counters: Prometheus derives per-second rates with ``rate()``.
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from engine.cache.radix_cache import CacheStats
@@ -66,3 +70,54 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+log = logging.getLogger("engine.stats")
+
+
+class StatsLog:
+    """One summary line every ``interval_s`` while the engine is busy, as vLLM logs: queue sizes,
+    prompt and generation throughput over the interval, KV-cache use and prefix-cache hit rate.
+    Operators read it in the logs without a Prometheus server; an idle engine logs nothing."""
+
+    COUNTERS = (
+        "tern_engine_prompt_tokens_total",
+        "tern_engine_prompt_tokens_cached_total",
+        "tern_engine_generation_tokens_total",
+    )
+
+    def __init__(
+        self, metrics: EngineMetrics, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.metrics = metrics
+        self.interval_s = interval_s
+        self.clock = clock
+        self.restart()
+
+    def _sample(self, name: str) -> float:
+        return self.metrics.registry.get_sample_value(name) or 0.0
+
+    def restart(self) -> None:
+        """Start a new interval (after idling, so idle time does not dilute the rates)."""
+        self._start = self.clock()
+        self._counts = [self._sample(name) for name in self.COUNTERS]
+
+    def maybe_log(self) -> str | None:
+        """Log and return the summary when the interval is over; else None."""
+        elapsed = self.clock() - self._start
+        if elapsed < self.interval_s:
+            return None
+        now = [self._sample(name) for name in self.COUNTERS]
+        prompt, cached, generated = (after - before for after, before in zip(now, self._counts, strict=True))
+        used = self._sample("tern_engine_kv_blocks_used")
+        total = used + self._sample("tern_engine_kv_blocks_free")
+        line = (
+            f"running: {self._sample('tern_engine_requests_running'):.0f} reqs, "
+            f"waiting: {self._sample('tern_engine_requests_waiting'):.0f} reqs, "
+            f"prompt: {prompt / elapsed:.1f} tok/s, generation: {generated / elapsed:.1f} tok/s, "
+            f"KV cache: {100 * used / total if total else 0:.1f}% used, "
+            f"prefix cache hit rate: {100 * cached / prompt if prompt else 0:.1f}%"
+        )
+        log.info(line)
+        self.restart()
+        return line

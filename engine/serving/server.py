@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import ErrorKind, RequestError, RequestOutput
+from engine.metrics import StatsLog
 from engine.serving.frames import Frame, error_frame, to_frames
 from engine.serving.requests import engine_request
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
@@ -73,6 +74,7 @@ class EngineThread:
         self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue[Frame]] = {}
+        self._stats = StatsLog(engine.metrics)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -169,6 +171,7 @@ class EngineThread:
             if not self.engine.has_unfinished_requests():
                 self._wake.wait(_IDLE_WAIT_S)
                 self._wake.clear()
+                self._stats.restart()
                 continue
             try:
                 outputs = self.engine.step()
@@ -180,6 +183,7 @@ class EngineThread:
                 continue
             if outputs and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._deliver_outputs, outputs)
+            self._stats.maybe_log()
 
     def _run_commands(self) -> None:
         while True:
