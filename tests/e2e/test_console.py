@@ -98,7 +98,10 @@ def sign_in(page: Page, key: str) -> None:
 
 
 def go(page: Page, name: str) -> None:
+    """Open a page from the nav and wait until it is drawn: the click returns before the
+    hashchange handler runs, and until then the previous page's fields are still there."""
     page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
+    expect(page.get_by_role("heading", name=name, level=1)).to_be_visible()  # "Audit log", "Limits and .."
 
 
 def row(page: Page, text: str):
@@ -236,6 +239,7 @@ def test_playground_answer_shows_in_the_usage_chart_and_csv(
     go(page, "Playground")
     page.get_by_label("Tenant", exact=True).select_option(label=tenant)
     page.get_by_role("button", name="Create inference key").click()
+
     expect(page.get_by_text("model(s) available")).to_be_visible()
     page.get_by_label("Max tokens").fill("12")
     page.get_by_label("Temperature").fill("0")

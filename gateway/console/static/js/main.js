@@ -37,7 +37,10 @@ function signInPage() {
   return page("Sign in to Tern", h("p", {}, "Use a platform or tenant admin key."), form);
 }
 
+let latestRender = 0; // a slower, older render must not replace a newer page
+
 async function render() {
+  const call = ++latestRender;
   const signedIn = Boolean(session.adminKey);
   nav.hidden = !signedIn;
   signOutButton.hidden = !signedIn;
@@ -48,6 +51,8 @@ async function render() {
   }
   const name = location.hash.replace(/^#\/?/, "").split("?")[0] || "tenants";
   const show = PAGES[name] || tenants;
+  // Name the page shown in the URL (no hashchange), so its own nav link does not render it again.
+  if (!location.hash.replace(/^#\/?/, "")) history.replaceState(null, "", `#/${name}`);
   for (const link of nav.querySelectorAll("a")) {
     if (link.getAttribute("href") === `#/${name}`) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
@@ -56,8 +61,10 @@ async function render() {
   document.title = `${title} · Tern console`;
   main.replaceChildren(h("p", { role: "status" }, "Loading…"));
   try {
-    main.replaceChildren(await show({ get, rerender: render }));
+    const shown = await show({ get, rerender: render });
+    if (call === latestRender) main.replaceChildren(shown);
   } catch (error) {
+    if (call !== latestRender) return;
     if (error instanceof ApiError && error.status === 401) {
       session.signOut();
       return render();
