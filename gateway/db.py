@@ -1,6 +1,7 @@
 """PostgreSQL access: the declarative base, the async engine, request sessions and migrations.
 
-The schema is created only by Alembic (``migrations/``); the models here describe it for queries.
+The schema is created only by Alembic (``migrations/``, located with :func:`migrations_dir`); the models
+here describe it for queries.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from sqlalchemy.orm import DeclarativeBase
 
 from gateway.config import Settings
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_PACKAGE = "migrations"
+"""Alembic's script folder, an importable package shipped in the wheel (``migrations/`` in a checkout)."""
 
 NAMING_CONVENTION = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -65,11 +67,21 @@ def all_models() -> None:
             importlib.import_module(f"gateway.{package.name}.models")
 
 
+def migrations_dir() -> Path:
+    """Where the migrations are on disk, found through the import system (works from a wheel)."""
+    from importlib import resources
+
+    folder = resources.files(MIGRATIONS_PACKAGE)
+    if not isinstance(folder, Path):  # a zip import: Alembic needs real files
+        raise RuntimeError(f"the {MIGRATIONS_PACKAGE!r} package must be installed as files, not {folder!r}")
+    return folder
+
+
 def alembic_config(database_url: str):  # -> alembic.config.Config (alembic imported lazily)
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("script_location", str(migrations_dir()))
     config.set_main_option("sqlalchemy.url", database_url.replace("%", "%%"))
     return config
 

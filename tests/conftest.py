@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from gateway.db import upgrade_database
-from gateway.local_services import PostgresServer, RedisServer
+from tern_stack.services import PostgresServer, RedisServer
 
 TEMPLATE_DB = "tern_template"
 _db_counter = itertools.count()

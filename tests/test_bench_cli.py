@@ -2,7 +2,7 @@
 
 import pytest
 
-from gateway.bench.cli import BENCHMARKS, main
+from tern_cli.bench import BENCHMARKS, main
 
 
 @pytest.mark.parametrize("name", sorted(BENCHMARKS))

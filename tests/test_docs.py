@@ -59,7 +59,7 @@ def test_every_gateway_setting_is_documented() -> None:
 
 
 def test_every_tern_up_flag_is_documented() -> None:
-    from gateway.stack import build_parser
+    from tern_stack.cli import build_parser
 
     missing = [flag for flag in _flags(build_parser()) if f"`{flag}" not in CONFIG_DOC]
     assert not missing, f"add to docs/configuration.md: {missing}"

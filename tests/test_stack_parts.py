@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from gateway.keys.format import has_valid_checksum
-from gateway.stack import StateDir, build_parser
+from tern_stack.cli import build_parser
+from tern_stack.state import StateDir
 
 
 def _alive(pid: int) -> bool:
@@ -69,7 +70,7 @@ def test_watchdog_stops_children_when_tern_up_is_killed(tmp_path: Path) -> None:
     parent_code = textwrap.dedent(
         f"""
         import signal, subprocess, sys, time
-        from gateway.stack import Watchdog
+        from tern_stack.processes import Watchdog
         watchdog = Watchdog()
         child = subprocess.Popen(["sleep", "600"], start_new_session=True)
         watchdog.watch(signal.SIGTERM, -child.pid)
@@ -96,7 +97,7 @@ def test_watchdog_stops_children_when_tern_up_is_killed(tmp_path: Path) -> None:
 
 
 def test_watchdog_leaves_children_alone_after_a_clean_shutdown(tmp_path: Path) -> None:
-    from gateway.stack import Watchdog
+    from tern_stack.processes import Watchdog
 
     child = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
@@ -111,7 +112,7 @@ def test_watchdog_leaves_children_alone_after_a_clean_shutdown(tmp_path: Path) -
 
 def test_a_stop_signal_inside_a_deferred_section_is_raised_when_it_ends() -> None:
     """Ctrl-C while a server starts must not skip registering that server for cleanup."""
-    from gateway.stack import StopRequested, StopSignals
+    from tern_stack.processes import StopRequested, StopSignals
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     steps = []

@@ -1,6 +1,6 @@
 """``tern bench gateway``: the gateway's throughput and added latency with auth, limits and metering on.
 
-Starts its own PostgreSQL and Redis (``gateway.local_services``), a stand-in engine that answers at
+Starts its own PostgreSQL and Redis (``tern_stack.services``), a stand-in engine that answers at
 once, and one gateway process (``tern gateway``, access log on at INFO), each in its own process;
 creates a key with rate limits and budgets (so every request runs the admission script, the settle
 script and the usage buffer), then measures at each concurrency, from this (third) process with
@@ -34,7 +34,6 @@ import aiohttp
 import httpx
 
 from gateway.db import upgrade_database
-from gateway.local_services import PostgresServer, RedisServer, free_port
 from protocol.rpc import (
     GENERATE_PATH,
     DeltaFrame,
@@ -44,6 +43,7 @@ from protocol.rpc import (
     ModelList,
     encode_frame,
 )
+from tern_stack.services import PostgresServer, RedisServer, free_port
 
 T = TypeVar("T")
 
@@ -184,7 +184,7 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
                 "TERN_ENGINE_URLS": f"http://127.0.0.1:{standin_port}",
                 "TERN_LOG_LEVEL": "INFO",  # as deployed: one JSON access log line per request
             }
-            command = [sys.executable, "-m", "gateway.cli", "gateway", "--port", str(gateway_port)]
+            command = [sys.executable, "-m", "tern_cli", "gateway", "--port", str(gateway_port)]
             gateway = subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, stdout=gateway_log, stderr=gateway_log
             )

@@ -25,6 +25,8 @@ from typing import Any
 import aiohttp
 import httpx
 
+from tern_stack.services import free_port
+
 STREAM_LINES = 16
 _BODY = json.dumps(
     {"request_id": "bench", "prompt": "hello", "sampling": {"max_tokens": STREAM_LINES}}
@@ -56,12 +58,6 @@ async def upstream_app(scope: dict[str, Any], receive: Callable[..., Any], send:
         {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
     )
     await send({"type": "http.response.body", "body": body})
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_upstream(port: int) -> subprocess.Popen[bytes]:
@@ -132,7 +128,7 @@ async def bench_aiohttp(base: str, *, stream: bool, concurrency: int, requests: 
 
 
 async def run(*, concurrency: int, requests: int) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     proc = start_upstream(port)
     base = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {"concurrency": concurrency, "requests": requests, "cpus": os.cpu_count()}

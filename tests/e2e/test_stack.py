@@ -33,7 +33,7 @@ import openai
 import pytest
 import redis
 
-from gateway.local_services import free_port
+from tern_stack.services import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def start_stack(data_dir: Path, *, extra_env: dict[str, str] | None = None) -> R
     log_path = data_dir.parent / f"tern-up-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gateway.cli", "up", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "tern_cli", "up", "--data-dir", str(data_dir)],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

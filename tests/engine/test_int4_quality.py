@@ -2,8 +2,8 @@
 
 The float baseline is the model as the engine loads it: its Q4_1 GGUF weights dequantized to
 float32, the only SmolLM2 weights available offline. AWQ calibrates on one public-domain text
-(Alice's Adventures in Wonderland, ch. I) and perplexity is measured on another (Pride and
-Prejudice, ch. 1), both in tests/data.
+(Alice's Adventures in Wonderland, ch. I: the engine's own calibration text, engine/data/) and
+perplexity is measured on another (Pride and Prejudice, ch. 1, tests/data).
 
 This test checks the methods, not the headline figure. Distillation here learns from the
 calibration text alone (about 20 s): the same code path as ``tern quantize --distill N``, whose
@@ -24,14 +24,13 @@ from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.layers.quant import Int4Linear
 from engine.loader.load import LoadedModel
-from engine.quantize import calibration_ids
+from engine.quantize import calibration_ids, default_calibration_text
 from engine.serving.frames import generate_frames
 from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 
 pytestmark = pytest.mark.slow
 
 DATA = Path(__file__).parent.parent / "data"
-CALIBRATION_TEXT = DATA / "alice_in_wonderland_ch1.txt"
 EVALUATION_TEXT = DATA / "pride_and_prejudice_ch1.txt"
 CALIBRATION_SEQUENCES = 10  # the chapter's 2730 tokens in whole sequences of 256
 CALIBRATION_SEQUENCE_LENGTH = 256
@@ -58,7 +57,7 @@ def encode(loaded: LoadedModel, path: Path) -> torch.Tensor:
 def quantized(default_model: LoadedModel) -> dict[str, nn.Module]:
     """RTN, AWQ and distilled AWQ copies of the shared model (the shared instance stays float)."""
     calibration = calibration_ids(
-        default_model.tokenizer, CALIBRATION_TEXT.read_text(), CALIBRATION_SEQUENCE_LENGTH
+        default_model.tokenizer, default_calibration_text(), CALIBRATION_SEQUENCE_LENGTH
     )
     assert calibration.shape[0] == CALIBRATION_SEQUENCES
     models = {

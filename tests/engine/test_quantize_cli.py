@@ -250,7 +250,7 @@ def test_cli_refuses_bad_requests(
 
 
 def test_tern_dispatches_quantize(capsys: pytest.CaptureFixture[str]) -> None:
-    from gateway.cli import main as tern
+    from tern_cli import main as tern
 
     with pytest.raises(SystemExit) as exit_info:
         tern(["quantize", "--help"])

@@ -30,7 +30,7 @@ from fastapi import FastAPI
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.local_services import free_port
+from tern_stack.services import free_port
 
 _tenant_counter = itertools.count()
 
@@ -155,7 +155,7 @@ def gateway_processes(gateway_settings: Settings) -> Iterator[Callable[..., list
             command = [
                 sys.executable,
                 "-m",
-                "gateway.cli",
+                "tern_cli",
                 "gateway",
                 "--host",
                 "127.0.0.1",

@@ -8,7 +8,6 @@ and the openai-client tests all serve through this.
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import time
 from collections.abc import Awaitable
@@ -17,13 +16,11 @@ from typing import Any, TypeVar
 import httpx
 import uvicorn
 
+from tern_stack.services import free_port
+
+__all__ = ["ServerThread", "create_inference_key", "free_port"]
+
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ServerThread:

@@ -10,10 +10,10 @@ import pytest
 from sqlalchemy import pool
 from sqlalchemy.ext.asyncio import async_sessionmaker, create_async_engine
 
-from gateway.cli import main
 from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.format import has_valid_checksum
-from gateway.local_services import PostgresServer
+from tern_cli import main
+from tern_stack.services import PostgresServer
 
 SECRET = "cli-test-secret-0123456789"
 

@@ -18,8 +18,8 @@ from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
 from gateway.limits.schemas import RequestLimits, Scope, format_reset
 from gateway.limits.service import RateLimiter, reserve_tokens
-from gateway.local_services import RedisServer
 from gateway.metering import create_limits_redis
+from tern_stack.services import RedisServer
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ from sqlalchemy import inspect, pool
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.db import Base, alembic_config, all_models, downgrade_database, upgrade_database
-from gateway.local_services import PostgresServer
+from tern_stack.services import PostgresServer
 
 CORE_TABLES = {"tenants", "api_keys", "audit_log"}
 

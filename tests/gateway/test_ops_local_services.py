@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.local_services import PostgresServer, RedisServer
+from tern_stack.services import PostgresServer, RedisServer
 
 
 @pytest.fixture

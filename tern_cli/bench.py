@@ -1,4 +1,7 @@
-"""``tern bench ...``: the gateway's and the engine's benchmarks, each printing JSON."""
+"""``tern bench ...``: the gateway's and the engine's benchmarks, each printing JSON.
+
+Each benchmark module is imported only when named, so ``tern bench gateway`` never imports torch.
+"""
 
 from __future__ import annotations
 

@@ -2,8 +2,11 @@
 
 ``tern gateway`` serves the gateway, ``tern migrate`` upgrades the database, ``tern admin ...``
 manages tenants and keys directly in the database, ``tern engine ...`` runs an engine,
-``tern quantize ...`` writes an INT4 checkpoint and ``tern up`` starts the whole local stack.
-Heavy modules (torch via the engine) load only for the subcommand that needs them.
+``tern quantize ...`` writes an INT4 checkpoint, ``tern up`` starts the whole local stack and
+``tern bench ...`` runs a benchmark.
+
+Each subcommand imports only its own side, when it runs: the gateway's commands never import the
+engine (so never torch), and ``tern engine`` / ``tern quantize`` never import the gateway.
 """
 
 from __future__ import annotations
@@ -167,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
 DELEGATED = {
     "engine": ("engine.cli", "run an inference engine (arguments go to the engine)"),
     "quantize": ("engine.quantize", "write an INT4 (AWQ or RTN) checkpoint the engine loads directly"),
-    "up": ("gateway.stack", "start Postgres, Redis, an engine and the gateway locally"),
-    "bench": ("gateway.bench.cli", "benchmarks printing JSON: gateway, engine, kernels, ..."),
+    "up": ("tern_stack.cli", "start Postgres, Redis, an engine and the gateway locally"),
+    "bench": ("tern_cli.bench", "benchmarks printing JSON: gateway, engine, kernels, ..."),
 }
 """Subcommands whose arguments belong to another module's ``main(argv)``, imported only when used."""
 
@@ -187,7 +190,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OpenAIError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
