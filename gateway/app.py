@@ -1,4 +1,5 @@
-"""The gateway application: ``create_app(settings)`` wires domains, middleware and resources.
+"""The gateway application: ``create_app(settings)`` puts routes and middleware together; the
+parts they use are built by ``gateway.wiring`` in the lifespan.
 
 Run it with ``tern gateway`` (uvicorn factory mode, settings from the environment).
 """
@@ -6,7 +7,6 @@ Run it with ``tern gateway`` (uvicorn factory mode, settings from the environmen
 from __future__ import annotations
 
 import gc
-import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -14,72 +14,33 @@ from fastapi import FastAPI
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import metering
 from gateway.audit.router import router as audit_router
 from gateway.config import Settings
 from gateway.console.router import include_console
-from gateway.db import create_db_engine, create_sessionmaker
 from gateway.engines.router import router as engines_router
 from gateway.errors import install_error_handlers
-from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.router import router as keys_router
-from gateway.keys.service import bootstrap_admin_key
+from gateway.limits.router import router as limits_router
 from gateway.logging import configure_logging
 from gateway.ops.middleware import RequestContextMiddleware
 from gateway.ops.router import router as ops_router
-from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.router import generate_routes
 from gateway.proxy.router import router as proxy_router
-from gateway.redis import create_redis
+from gateway.reports.router import admin_router as reports_admin_router
+from gateway.reports.router import public_router as usage_public_router
 from gateway.tenants.router import router as tenants_router
-
-log = logging.getLogger("tern.gateway")
+from gateway.wiring import running_gateway
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings: Settings = app.state.settings
-    secret = settings.secret_bytes()
-    db_engine = create_db_engine(settings)
-    app.state.db_engine = db_engine
-    app.state.sessionmaker = create_sessionmaker(db_engine)
-    app.state.redis = create_redis(settings.redis_url)
-    app.state.key_authenticator = KeyAuthenticator(
-        sessionmaker=app.state.sessionmaker,
-        secret=secret,
-        cache_ttl_s=settings.key_cache_ttl_s,
-        last_used_interval_s=settings.key_last_used_interval_s,
-    )
-    try:
-        if settings.admin_key is not None:
-            added = await bootstrap_admin_key(
-                app.state.sessionmaker, admin_key=settings.admin_key.get_secret_value(), secret=secret
-            )
-            if added:
-                log.info("registered TERN_ADMIN_KEY as a platform admin key")
-
-        app.state.engine_pool = EnginePool(
-            settings.engine_urls,
-            health_interval_s=settings.engine_health_interval_s,
-            connect_timeout_s=settings.engine_connect_timeout_s,
-            request_timeout_s=settings.engine_request_timeout_s,
-        )
-        await app.state.engine_pool.start()
-        try:
-            await metering.start(app)
-            # Everything loaded so far lives as long as the process: keep it out of the cyclic
-            # garbage collector's full passes, which would otherwise walk it all again and
-            # again (pauses that show as latency outliers).
-            gc.freeze()
-            try:
-                yield
-            finally:
-                await metering.stop(app)  # settle what is in flight, flush (or spool) usage
-        finally:
-            await app.state.engine_pool.close()
-    finally:
-        await app.state.redis.aclose()
-        await db_engine.dispose()
+    async with running_gateway(app.state.settings) as state:
+        app.state.gateway = state
+        # Everything loaded so far lives as long as the process: keep it out of the cyclic
+        # garbage collector's full passes, which would otherwise walk it all again and
+        # again (pauses that show as latency outliers).
+        gc.freeze()
+        yield
 
 
 class GatewayApp(FastAPI):
@@ -138,8 +99,8 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     app.include_router(keys_router)
     app.include_router(audit_router)
     app.include_router(engines_router)
-    metering.include_routers(app)  # /admin/limits, /admin/prices, /admin/reports, /v1/usage
+    app.include_router(limits_router)
+    app.include_router(reports_admin_router)  # /admin/prices, /admin/reports
+    app.include_router(usage_public_router)  # /v1/usage
     include_console(app)  # /ui/ (and / redirecting there)
-    # Run with every finished /v1 request's RelayOutcome (usage metering, limits settlement).
-    app.state.completion_hooks = []
     return app

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 from sqlalchemy import MetaData
@@ -46,9 +46,16 @@ def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]
     return async_sessionmaker(engine, expire_on_commit=False)
 
 
+class DatabaseState(Protocol):
+    """What request sessions need from the app's state (``gateway.wiring.GatewayState``)."""
+
+    sessionmaker: async_sessionmaker[AsyncSession]
+
+
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     """One session per request; services commit their own transactions."""
-    async with request.app.state.sessionmaker() as session:
+    state: DatabaseState = request.app.state.gateway
+    async with state.sessionmaker() as session:
         yield session
 
 

@@ -1,7 +1,8 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``.
 
-Every failure the gateway returns to a client goes through :class:`OpenAIError`,
-so status codes and bodies stay consistent across domains.
+Every failure the gateway returns to a client goes through :class:`OpenAIError` or is a domain
+service's refusal (``gateway.exceptions``) mapped to its status here, so status codes and bodies
+stay consistent across domains.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from gateway.exceptions import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
+
+DOMAIN_ERROR_STATUS: dict[type[DomainError], int] = {
+    InvalidInput: 400,
+    Forbidden: 403,
+    NotFound: 404,
+    Conflict: 409,
+}
 
 
 class OpenAIError(OpenAIRequestError):
@@ -46,6 +55,13 @@ def json_response(body: dict[str, Any], *, status: int, headers: Mapping[str, st
     return Response(orjson.dumps(body), status_code=status, headers=headers, media_type="application/json")
 
 
+def domain_error_response(exc: DomainError) -> Response:
+    status = next((code for kind, code in DOMAIN_ERROR_STATUS.items() if isinstance(exc, kind)), 400)
+    return json_response(
+        error_body(exc.message, status=status, param=exc.param, code=exc.code), status=status
+    )
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return describe_validation_errors(list(exc.errors()))
 
@@ -56,6 +72,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> Response:
         return exc.response()
+
+    @app.exception_handler(DomainError)
+    async def _domain_error(_: Request, exc: DomainError) -> Response:
+        return domain_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

@@ -77,7 +77,7 @@ async def _with_session(work: Callable[..., Any]) -> Any:
 
 
 def cmd_create_tenant(args: argparse.Namespace) -> int:
-    from gateway.audit.service import SYSTEM
+    from gateway.auth.identity import SYSTEM
     from gateway.tenants.service import create_tenant, snapshot
 
     async def work(session, _settings) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def cmd_create_tenant(args: argparse.Namespace) -> int:
 
 
 def cmd_create_key(args: argparse.Namespace) -> int:
-    from gateway.audit.service import SYSTEM
+    from gateway.auth.identity import SYSTEM
     from gateway.keys.service import create_key, snapshot
 
     async def work(session, settings) -> dict[str, Any]:
@@ -183,10 +183,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
-    from gateway.errors import OpenAIError
+    from gateway.exceptions import DomainError
 
     try:
         return args.run(args)
-    except OpenAIError as exc:
+    except DomainError as exc:  # a service's refusal: not found, conflict, invalid input
         print(f"error: {exc.message}", file=sys.stderr)
         return 1

@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from gateway.audit import service
-from gateway.audit.deps import AdminActor
 from gateway.audit.schemas import AuditEntryOut, AuditList
+from gateway.auth.deps import AdminActor
 from gateway.db import DbSession
 
 router = APIRouter(prefix="/admin/audit", tags=["admin: audit"])

@@ -4,7 +4,6 @@ so a mutation and its audit row commit (or roll back) together."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -12,25 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.audit.models import AuditEntry
-
-
-@dataclass(frozen=True, slots=True)
-class Actor:
-    """Who makes an admin change, and how far their reach goes."""
-
-    key_id: uuid.UUID | None
-    """The admin key used; None for the CLI and the startup bootstrap."""
-    tenant_id: uuid.UUID | None
-    """Set for a tenant-scoped admin key, which may touch only this tenant; None means platform-wide."""
-    request_id: str | None = None
-
-    @property
-    def is_platform(self) -> bool:
-        return self.tenant_id is None
-
-
-SYSTEM = Actor(key_id=None, tenant_id=None, request_id=None)
-"""The CLI and startup tasks: platform-wide, no key."""
+from gateway.auth.identity import Actor
 
 
 def record(

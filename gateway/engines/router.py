@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from gateway.audit.deps import AdminActor
+from gateway.auth.deps import AdminActor
 from gateway.engines import service
 from gateway.engines.schemas import EngineList
-from gateway.errors import OpenAIError
+from gateway.exceptions import PlatformAdminRequired
 from gateway.proxy.router import Pool
 
 router = APIRouter(prefix="/admin/engines", tags=["admin: engines"])
@@ -19,7 +19,5 @@ router = APIRouter(prefix="/admin/engines", tags=["admin: engines"])
 @router.get("")
 async def list_engines(actor: AdminActor, pool: Pool) -> EngineList:
     if not actor.is_platform:
-        raise OpenAIError(
-            403, "Only a platform admin key can see the engines.", code="platform_admin_required"
-        )
+        raise PlatformAdminRequired("see the engines")
     return EngineList(data=await service.list_engines(pool=pool))

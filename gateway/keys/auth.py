@@ -21,6 +21,7 @@ from functools import partial
 from sqlalchemy import or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.auth.identity import AuthenticatedKey
 from gateway.errors import OpenAIError
 from gateway.keys.format import hash_key, is_plausible_key
 from gateway.keys.models import ApiKey
@@ -28,28 +29,6 @@ from gateway.tenants.models import Tenant
 from gateway.ttl_cache import TtlCache
 
 CACHE_MAX_ENTRIES = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class AuthenticatedKey:
-    """Who is calling: what the rest of the gateway (limits, proxy, usage) needs about the key."""
-
-    key_id: uuid.UUID
-    tenant_id: uuid.UUID | None
-    kind: str
-    name: str
-    models: tuple[str, ...]
-    rpm_limit: int | None
-    tpm_limit: int | None
-    max_concurrency: int | None
-    monthly_token_budget: int | None
-
-    @property
-    def is_platform_admin(self) -> bool:
-        return self.kind == "admin" and self.tenant_id is None
-
-    def may_use_model(self, model: str) -> bool:
-        return not self.models or model in self.models
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +48,7 @@ def _invalid_key() -> OpenAIError:
 
 
 class KeyAuthenticator:
-    """One per gateway process (``app.state.key_authenticator``)."""
+    """One per gateway process (``GatewayState.key_authenticator``); an ``auth.identity.Authenticator``."""
 
     def __init__(
         self,

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from fastapi import APIRouter, Query, Request
 
-from gateway.audit.deps import AdminActor
+from gateway.auth.deps import AdminActor
+from gateway.config import Settings
 from gateway.db import DbSession
 from gateway.keys import service
 from gateway.keys.auth import KeyAuthenticator
@@ -16,13 +17,24 @@ from gateway.keys.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRota
 router = APIRouter(prefix="/admin/keys", tags=["admin: keys"])
 
 
+class KeysState(Protocol):
+    """What the key routes read from the app's state (``gateway.wiring.GatewayState``)."""
+
+    settings: Settings
+    key_authenticator: KeyAuthenticator
+
+
+def _state(request: Request) -> KeysState:
+    return request.app.state.gateway
+
+
 def _secret(request: Request) -> bytes:
-    return request.app.state.settings.secret_bytes()
+    return _state(request).settings.secret_bytes()
 
 
 def _authenticator(request: Request) -> KeyAuthenticator:
     """This process's key cache; changes here are seen at once (other processes: within the TTL)."""
-    return request.app.state.key_authenticator
+    return _state(request).key_authenticator
 
 
 def _created(key, plaintext: str) -> KeyCreated:

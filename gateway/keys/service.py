@@ -15,8 +15,10 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.audit.service import SYSTEM, Actor, record
-from gateway.errors import OpenAIError
+from gateway.audit.service import record
+from gateway.auth.identity import SYSTEM, Actor
+from gateway.exceptions import Forbidden, InvalidInput
+from gateway.keys.exceptions import KeyNotFound, KeyNotRotatable
 from gateway.keys.format import display_hint, generate_key, hash_key
 from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyOut
@@ -30,42 +32,21 @@ def snapshot(key: ApiKey) -> dict[str, Any]:
     return KeyOut.model_validate(key).model_dump(mode="json")
 
 
-def _audit(
-    session: AsyncSession,
-    *,
-    actor: Actor,
-    action: str,
-    key: ApiKey,
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
-) -> None:
-    record(
-        session,
-        actor=actor,
-        tenant_id=key.tenant_id,
-        action=action,
-        object_type="api_key",
-        object_id=key.id,
-        before=before,
-        after=after,
-    )
-
-
-def _not_found(key_id: uuid.UUID) -> OpenAIError:
-    return OpenAIError(404, f"API key {key_id} not found.", code="key_not_found")
+def _audit(session: AsyncSession, *, key: ApiKey, **change: Any) -> None:
+    """An audit row for a change to ``key``; ``change`` is the actor, action, before and after."""
+    record(session, tenant_id=key.tenant_id, object_type="api_key", object_id=key.id, **change)
 
 
 def _check_not_past(expires_at: datetime | None) -> None:
     if expires_at is not None and expires_at <= datetime.now(UTC):
-        raise OpenAIError(400, "expires_at must be in the future.", param="expires_at")
+        raise InvalidInput("expires_at must be in the future.", param="expires_at")
 
 
 async def _resolve_tenant(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID | None, kind: str):
     """The tenant a new key belongs to, after checking the actor may create keys there."""
     if not actor.is_platform:
         if tenant_id is not None and tenant_id != actor.tenant_id:
-            raise OpenAIError(
-                403,
+            raise Forbidden(
                 "A tenant-scoped admin key can only create keys for its own tenant.",
                 param="tenant_id",
                 code="tenant_scope",
@@ -73,7 +54,7 @@ async def _resolve_tenant(session: AsyncSession, *, actor: Actor, tenant_id: uui
         tenant_id = actor.tenant_id
     if tenant_id is None:
         if kind == "inference":
-            raise OpenAIError(400, "tenant_id is required for inference keys.", param="tenant_id")
+            raise InvalidInput("tenant_id is required for inference keys.", param="tenant_id")
         return None  # a platform admin key
     return await get_tenant(session, actor=actor, tenant_id=tenant_id)
 
@@ -132,7 +113,7 @@ async def create_key(
 async def get_key(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) -> ApiKey:
     key = await session.get(ApiKey, key_id)
     if key is None or (not actor.is_platform and key.tenant_id != actor.tenant_id):
-        raise _not_found(key_id)
+        raise KeyNotFound(key_id)
     return key
 
 
@@ -148,8 +129,8 @@ async def list_keys(
 ) -> list[ApiKey]:
     if not actor.is_platform:
         if tenant_id is not None and tenant_id != actor.tenant_id:
-            raise OpenAIError(
-                403, "A tenant-scoped admin key can only list its own tenant's keys.", param="tenant_id"
+            raise Forbidden(
+                "A tenant-scoped admin key can only list its own tenant's keys.", param="tenant_id"
             )
         tenant_id = actor.tenant_id
     query = select(ApiKey).order_by(ApiKey.created_at, ApiKey.id).limit(limit).offset(offset)
@@ -168,9 +149,9 @@ async def update_key(
     """Apply ``changes`` (only fields in UPDATABLE_FIELDS; explicit ``None`` clears a field)."""
     unknown = set(changes) - set(UPDATABLE_FIELDS)
     if unknown:
-        raise OpenAIError(400, f"Cannot update {sorted(unknown)}.", param=sorted(unknown)[0])
+        raise InvalidInput(f"Cannot update {sorted(unknown)}.", param=sorted(unknown)[0])
     if "name" in changes and changes["name"] is None:
-        raise OpenAIError(400, "name cannot be null.", param="name")
+        raise InvalidInput("name cannot be null.", param="name")
     if "models" in changes and changes["models"] is None:
         changes = {**changes, "models": []}
     key = await get_key(session, actor=actor, key_id=key_id)
@@ -207,9 +188,9 @@ async def rotate_key(
     old = await get_key(session, actor=actor, key_id=key_id)
     now = datetime.now(UTC)
     if old.revoked_at is not None:
-        raise OpenAIError(409, "Cannot rotate a revoked key.", code="key_revoked")
+        raise KeyNotRotatable("revoked")
     if old.expires_at is not None and old.expires_at <= now:
-        raise OpenAIError(409, "Cannot rotate an expired key.", code="key_expired")
+        raise KeyNotRotatable("expired")
     before = snapshot(old)
     grace_end = now + timedelta(seconds=grace_seconds)
     old.expires_at = grace_end if old.expires_at is None else min(old.expires_at, grace_end)

@@ -12,35 +12,18 @@ from typing import TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.audit.service import Actor, record
-from gateway.errors import OpenAIError
-from gateway.keys.models import ApiKey
+from gateway.audit.service import record
+from gateway.auth.identity import Actor
+from gateway.exceptions import PlatformAdminRequired
+from gateway.keys.service import get_key
 from gateway.limits.models import KeyLimits, TenantLimits
 from gateway.limits.schemas import KeyLimitsBody, KeyLimitsOut, TenantLimitsBody, TenantLimitsOut
-from gateway.tenants.models import Tenant
+from gateway.tenants.service import get_tenant
 
 
 def _platform_only(actor: Actor) -> None:
     if not actor.is_platform:
-        raise OpenAIError(403, "Only a platform admin key can change limits.", code="platform_admin_required")
-
-
-async def _tenant(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID) -> Tenant:
-    tenant = await session.get(Tenant, tenant_id)
-    if (
-        tenant is None
-        or tenant.deleted_at is not None
-        or (not actor.is_platform and actor.tenant_id != tenant_id)
-    ):
-        raise OpenAIError(404, f"Tenant {tenant_id} not found.", param="tenant_id", code="tenant_not_found")
-    return tenant
-
-
-async def _key(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) -> ApiKey:
-    key = await session.get(ApiKey, key_id)
-    if key is None or (not actor.is_platform and actor.tenant_id != key.tenant_id):
-        raise OpenAIError(404, f"API key {key_id} not found.", param="key_id", code="key_not_found")
-    return key
+        raise PlatformAdminRequired("change limits")
 
 
 LimitsOut = TypeVar("LimitsOut", TenantLimitsOut, KeyLimitsOut)
@@ -94,7 +77,7 @@ async def _save(
 
 
 async def get_tenant_limits(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID) -> TenantLimitsOut:
-    await _tenant(session, actor=actor, tenant_id=tenant_id)
+    await get_tenant(session, actor=actor, tenant_id=tenant_id)
     return _out(TenantLimitsOut, "tenant_id", tenant_id, await session.get(TenantLimits, tenant_id))
 
 
@@ -102,7 +85,7 @@ async def put_tenant_limits(
     session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID, body: TenantLimitsBody
 ) -> TenantLimitsOut:
     _platform_only(actor)
-    await _tenant(session, actor=actor, tenant_id=tenant_id)
+    await get_tenant(session, actor=actor, tenant_id=tenant_id)
     return await _save(
         session,
         actor=actor,
@@ -116,7 +99,7 @@ async def put_tenant_limits(
 
 
 async def get_key_limits(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) -> KeyLimitsOut:
-    await _key(session, actor=actor, key_id=key_id)
+    await get_key(session, actor=actor, key_id=key_id)
     return _out(KeyLimitsOut, "key_id", key_id, await session.get(KeyLimits, key_id))
 
 
@@ -124,7 +107,7 @@ async def put_key_limits(
     session: AsyncSession, *, actor: Actor, key_id: uuid.UUID, body: KeyLimitsBody
 ) -> KeyLimitsOut:
     _platform_only(actor)
-    key = await _key(session, actor=actor, key_id=key_id)
+    key = await get_key(session, actor=actor, key_id=key_id)
     return await _save(
         session,
         actor=actor,

@@ -1,31 +1,27 @@
 """Limits on the /v1 path: admit before dispatch, settle from the proxy's completion hook.
 
-The proxy calls :meth:`RequestLimiter.admit` after authentication and before any engine work,
-adds :meth:`Admission.headers` to its response, and :meth:`RequestLimiter.on_complete` runs as a
-completion hook with the request's real usage. A request that fails before its relay exists is
-released by :meth:`RequestLimiter.release` (settling is idempotent, so releasing twice is harmless).
+:class:`RequestLimiter` is the proxy's ``Admitter`` (``gateway.proxy.outcome``): the proxy calls
+:meth:`RequestLimiter.admit` after authentication and before any engine work and adds the headers it
+returns to its response; :meth:`RequestLimiter.on_complete` runs as a completion hook with the
+request's real usage. A request that fails before its relay exists is released by
+:meth:`RequestLimiter.release` (settling is idempotent, so releasing twice is harmless).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import TypeVar
 
-import anyio
-
-from gateway.keys.auth import AuthenticatedKey
+from gateway.auth.identity import AuthenticatedKey
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
-from gateway.proxy.relay import RelayOutcome
+from gateway.proxy.outcome import RelayOutcome
 from gateway.reports.pricing import PriceBook
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
-
-T = TypeVar("T")
 
 BYTES_PER_TOKEN = 4
 """The gateway has no tokenizer; a prompt is estimated at 4 bytes a token and settled exactly later."""
@@ -65,8 +61,11 @@ class RequestLimiter:
         self.prices = prices
         self._inflight: dict[tuple[str, str], list[Admission]] = defaultdict(list)
 
-    async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admission:
-        """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work."""
+    async def admit(
+        self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str
+    ) -> Mapping[str, str]:
+        """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work; the
+        rate-limit headers for the response."""
         limits = await self.policies.for_request(key=key, model=request.model)
         reserve = reserve_tokens(
             prompt_tokens=estimate_prompt_tokens(request),
@@ -76,7 +75,7 @@ class RequestLimiter:
         )
         admission = await self.limiter.admit(limits=limits, reserve=reserve)
         self._inflight[(request_id, str(key.key_id))].append(admission)
-        return admission
+        return admission.headers()
 
     def _take(self, request_id: str, key_id: str | None) -> Admission | None:
         waiting = self._inflight.get((request_id, str(key_id)))
@@ -87,14 +86,11 @@ class RequestLimiter:
             del self._inflight[(request_id, str(key_id))]
         return admission
 
-    async def release(self, admission: Admission, *, request_id: str, key_id: str) -> None:
+    async def release(self, *, request_id: str, key_id: str) -> None:
         """Free an admission whose request never reached the relay (refused before dispatch)."""
-        waiting = self._inflight.get((request_id, key_id))
-        if waiting and admission in waiting:
-            waiting.remove(admission)
-            if not waiting:
-                del self._inflight[(request_id, key_id)]
-        await self.limiter.settle(admission, tokens=0)
+        admission = self._take(request_id, key_id)
+        if admission is not None:
+            await self.limiter.settle(admission, tokens=0)
 
     async def on_complete(self, outcome: RelayOutcome) -> None:
         """Completion hook: settle the reservation with the real tokens and their cost."""
@@ -116,30 +112,3 @@ class RequestLimiter:
                 completion_tokens=outcome.completion_tokens,
             )
         await self.limiter.settle(admission, tokens=tokens, spend=spend)
-
-    async def drain(self) -> None:
-        await self.limiter.drain()
-
-
-async def dispatch_limited(
-    limiter: RequestLimiter | None,
-    *,
-    key: AuthenticatedKey,
-    openai_request: OpenAIRequest,
-    request_id: str,
-    dispatch: Callable[[Mapping[str, str]], Awaitable[T]],
-) -> T:
-    """Admit, then ``dispatch(headers)`` with the rate-limit headers for its response.
-
-    A dispatch that fails releases the admission. Without a limiter (limits not started) this is
-    just ``dispatch({})``.
-    """
-    if limiter is None:
-        return await dispatch({})
-    admission = await limiter.admit(key=key, request=openai_request, request_id=request_id)
-    try:
-        return await dispatch(admission.headers())
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await limiter.release(admission, request_id=request_id, key_id=str(key.key_id))
-        raise

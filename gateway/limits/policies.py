@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.keys.auth import AuthenticatedKey
+from gateway.auth.identity import AuthenticatedKey
 from gateway.limits.config import FailurePolicy, LimitsSettings
 from gateway.limits.models import KeyLimits, TenantLimits
 from gateway.limits.schemas import RequestLimits, Scope

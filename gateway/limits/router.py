@@ -6,21 +6,29 @@ A key's own rpm/tpm/concurrency/token budget are fields of ``/admin/keys``.
 from __future__ import annotations
 
 import uuid
+from typing import Protocol
 
 from fastapi import APIRouter, Request
 
-from gateway.audit.deps import AdminActor
+from gateway.auth.deps import AdminActor
 from gateway.db import DbSession
 from gateway.limits import admin
+from gateway.limits.admission import RequestLimiter
 from gateway.limits.schemas import KeyLimitsBody, KeyLimitsOut, TenantLimitsBody, TenantLimitsOut
 
 router = APIRouter(prefix="/admin/limits", tags=["admin: limits"])
 
 
+class LimitsState(Protocol):
+    """What the limit routes read from the app's state (``gateway.wiring.GatewayState``)."""
+
+    request_limiter: RequestLimiter
+
+
 def _forget_cached(request: Request, key_id: uuid.UUID | None = None) -> None:
-    limiter = getattr(request.app.state, "request_limiter", None)
-    if limiter is not None:
-        limiter.policies.forget(key_id)
+    """This process sees a change at once (other processes: within the policy cache's TTL)."""
+    state: LimitsState = request.app.state.gateway
+    state.request_limiter.policies.forget(key_id)
 
 
 @router.get("/tenants/{tenant_id}")

@@ -9,7 +9,6 @@ fail-closed answers 503, fail-open uses :class:`LocalLimiter`. Redis is retried 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -85,7 +84,6 @@ class RateLimiter:
         self._scripts = ScriptBatcher(redis)
         self._redis_down_until = 0.0
         self._budget_seen: dict[tuple[str, str], tuple[int, int]] = {}
-        self._pending: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ Redis health
 
@@ -278,19 +276,3 @@ class RateLimiter:
             seen = self._budget_seen.get(seen_key)
             if seen is not None:
                 self._budget_seen[seen_key] = (seen[0] + tokens, seen[1] + spend_nano)
-
-    def settle_soon(self, admission: Admission, *, tokens: int, spend: Decimal = Decimal(0)) -> None:
-        """Settle from a cleanup path that cannot await (a cancelled stream); tracked for drain()."""
-        task = asyncio.get_running_loop().create_task(self.settle(admission, tokens=tokens, spend=spend))
-        self._pending.add(task)
-        task.add_done_callback(self._settled)
-
-    def _settled(self, task: asyncio.Task[None]) -> None:
-        self._pending.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("settling a request failed", exc_info=task.exception())
-
-    async def drain(self) -> None:
-        """Wait for settlements still in flight (shutdown)."""
-        if self._pending:
-            await asyncio.gather(*list(self._pending), return_exceptions=True)

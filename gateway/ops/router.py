@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from redis.asyncio import Redis
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.errors import error_body
 from gateway.metrics import exposition
+from gateway.proxy.engine_pool import EnginePool
 
 router = APIRouter(tags=["ops"])
 log = logging.getLogger(__name__)
@@ -24,19 +28,30 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+class OpsState(Protocol):
+    """What readiness checks read from the app's state (``gateway.wiring.GatewayState``)."""
+
+    db_engine: AsyncEngine
+    redis: Redis
+    engine_pool: EnginePool
+
+
+def _state(request: Request) -> OpsState:
+    return request.app.state.gateway
+
+
 async def _database_ok(request: Request) -> bool:
-    async with request.app.state.db_engine.connect() as conn:
+    async with _state(request).db_engine.connect() as conn:
         await conn.execute(text("SELECT 1"))
     return True
 
 
 async def _redis_ok(request: Request) -> bool:
-    return bool(await request.app.state.redis.ping())
+    return bool(await _state(request).redis.ping())
 
 
 async def _engine_ok(request: Request) -> bool:
-    pool = getattr(request.app.state, "engine_pool", None)
-    return pool is not None and bool(await pool.any_healthy())
+    return bool(await _state(request).engine_pool.any_healthy())
 
 
 async def _check(name: str, probe, request: Request) -> bool:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import aiohttp
 import anyio
@@ -27,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from gateway.errors import OpenAIError
 from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
+from gateway.proxy.outcome import CompletionHook, RelayOutcome
 from protocol.openai.errors import error_body
 from protocol.openai.requests import OpenAIRequest
 from protocol.openai.responses import ResponseAccumulator, StreamFormatter, error_frame_body
@@ -49,41 +49,6 @@ CLIENT_CLOSED_REQUEST = 499
 ABORT_TIMEOUT_S = 2.0
 DRAIN_TIMEOUT_S = 5.0
 """How long the cleanup waits for the engine's final frame after an abort, for exact usage."""
-
-
-@dataclass(slots=True)
-class RelayOutcome:
-    """Everything known about a finished request; what completion hooks receive.
-
-    Token counts come from the engine's final (or error) frame when ``usage_exact``;
-    otherwise the engine could not be asked, ``completion_tokens`` counts the
-    token ids the gateway saw and ``prompt_tokens`` is 0.
-    """
-
-    request_id: str
-    endpoint: str
-    model: str
-    tenant_id: str | None
-    key_id: str | None
-    stream: bool
-    started_at: float
-    """Unix time the gateway began dispatching."""
-    engine_url: str | None = None
-    status: int = 200
-    """The HTTP status, or for a stream that failed after it began the error frame's status;
-    499 when the client disconnected first."""
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    usage_exact: bool = False
-    ttft_s: float | None = None
-    duration_s: float = 0.0
-    error_code: str | None = None
-    client_disconnected: bool = False
-
-
-CompletionHook = Callable[[RelayOutcome], Awaitable[None]]
 
 
 class Relay:

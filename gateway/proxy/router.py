@@ -9,7 +9,7 @@ dependency solving. They do the same checks, in the same order, with the same er
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Request
 from starlette.exceptions import HTTPException
@@ -18,12 +18,12 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from gateway.auth.deps import InferenceKey, authenticate_kind
 from gateway.config import Settings
 from gateway.errors import OpenAIError
-from gateway.keys.deps import InferenceKey, authenticate_kind
-from gateway.limits.admission import dispatch_limited
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.outcome import Admitter, CompletionHook
 from gateway.proxy.relay import RelayResponse
 from protocol.openai.errors import OpenAIRequestError
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, RequestT, parse_request
@@ -32,9 +32,25 @@ from protocol.rpc import ModelList
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
+class ProxyState(Protocol):
+    """What the /v1 routes read from the app's state (``gateway.wiring.GatewayState``)."""
+
+    settings: Settings
+    engine_pool: EnginePool
+    completion_hooks: list[CompletionHook]
+    """Run with every finished request's outcome (limits settlement, usage metering)."""
+
+    @property
+    def admitter(self) -> Admitter | None: ...
+
+
+def proxy_state(scope: Scope) -> ProxyState:
+    return scope["app"].state.gateway
+
+
 async def get_engine_pool(request: Request) -> EnginePool:
     """``async`` so FastAPI calls it on the loop: a plain ``def`` dependency costs a thread hop."""
-    return request.app.state.engine_pool
+    return proxy_state(request.scope).engine_pool
 
 
 Pool = Annotated[EnginePool, Depends(get_engine_pool)]
@@ -90,10 +106,11 @@ class GenerateEndpoint:
         openai_request = read_request(self.request_cls, await read_body(receive))
         # Before the limits, so a refused model costs no quota.
         service.ensure_model_allowed(key=key, model=openai_request.model)
-        state = scope["app"].state
-        settings: Settings = state.settings
+        state = proxy_state(scope)
         request_id: str = scope["state"]["request_id"]
-        cache_namespace = service.prefix_cache_namespace(key=key, isolation=settings.prefix_cache_isolation)
+        cache_namespace = service.prefix_cache_namespace(
+            key=key, isolation=state.settings.prefix_cache_isolation
+        )
 
         async def dispatch(headers: Mapping[str, str]) -> RelayResponse:
             return await service.dispatch(
@@ -103,15 +120,13 @@ class GenerateEndpoint:
                 key=key,
                 request_id=request_id,
                 cache_namespace=cache_namespace,
-                # Run with the finished request's RelayOutcome; other domains add theirs at start-up.
                 hooks=state.completion_hooks,
                 headers=headers,
             )
 
         # Rate limits and budgets are checked before any engine work (gateway/limits).
-        limiter = getattr(state, "request_limiter", None)
-        return await dispatch_limited(
-            limiter, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
+        return await service.admit_and_dispatch(
+            state.admitter, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
         )
 
 

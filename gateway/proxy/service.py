@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
+import anyio
+
+from gateway.auth.identity import AuthenticatedKey
 from gateway.config import PrefixCacheIsolation
 from gateway.errors import OpenAIError
-from gateway.keys.auth import AuthenticatedKey
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
-from gateway.proxy.relay import CompletionHook, Relay, RelayOutcome, RelayResponse
+from gateway.proxy.outcome import Admitter, CompletionHook, RelayOutcome
+from gateway.proxy.relay import Relay, RelayResponse
 from protocol.openai.requests import OpenAIRequest
 from protocol.rpc import ModelList
+
+T = TypeVar("T")
 
 
 def ensure_model_allowed(*, key: AuthenticatedKey, model: str) -> None:
@@ -80,3 +86,27 @@ async def observe_upstream_metrics(outcome: RelayOutcome) -> None:
     upstream_latency_by(outcome.engine_url, "generate", result).observe(outcome.duration_s)
     if outcome.ttft_s is not None:
         upstream_ttft_by(outcome.engine_url).observe(outcome.ttft_s)
+
+
+async def admit_and_dispatch(
+    admitter: Admitter | None,
+    *,
+    key: AuthenticatedKey,
+    openai_request: OpenAIRequest,
+    request_id: str,
+    dispatch: Callable[[Mapping[str, str]], Awaitable[T]],
+) -> T:
+    """Admit under the limits, then ``dispatch(headers)`` with the headers the admission returned.
+
+    A dispatch that fails releases the admission. Without an admitter (limits not wired) this is
+    just ``dispatch({})``.
+    """
+    if admitter is None:
+        return await dispatch({})
+    headers = await admitter.admit(key=key, request=openai_request, request_id=request_id)
+    try:
+        return await dispatch(headers)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await admitter.release(request_id=request_id, key_id=str(key.key_id))
+        raise

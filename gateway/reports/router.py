@@ -13,10 +13,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
 
-from gateway.audit.deps import AdminActor
+from gateway.auth.deps import AdminActor, InferenceKey
 from gateway.db import DbSession
 from gateway.errors import OpenAIError
-from gateway.keys.deps import InferenceKey
 from gateway.reports import service
 from gateway.reports.schemas import GROUP_FIELDS, METRICS, Bill, PriceCreate, PriceList, PriceOut
 

@@ -15,8 +15,10 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
-from gateway.audit.service import Actor, record
-from gateway.errors import OpenAIError
+from gateway.audit.service import record
+from gateway.auth.identity import Actor
+from gateway.exceptions import InvalidInput, PlatformAdminRequired
+from gateway.reports.exceptions import PriceExists, PriceNotFound
 from gateway.reports.models import ModelPrice
 from gateway.reports.pricing import COST_MICRO_SQL, PRICE_LATERAL, from_micro, money_str
 from gateway.reports.schemas import GROUP_FIELDS, Bill, BillLine, PriceCreate, PriceOut
@@ -27,7 +29,7 @@ from gateway.usage.partitions import add_months
 
 def _require_platform(actor: Actor) -> None:
     if not actor.is_platform:
-        raise OpenAIError(403, "Only a platform admin key can change prices.", code="platform_admin_required")
+        raise PlatformAdminRequired("change prices")
 
 
 async def create_price(session: AsyncSession, *, actor: Actor, body: PriceCreate) -> ModelPrice:
@@ -46,13 +48,7 @@ async def create_price(session: AsyncSession, *, actor: Actor, body: PriceCreate
         await session.flush()
     except IntegrityError:
         await session.rollback()
-        raise OpenAIError(
-            409,
-            f"A price for {body.model!r} taking effect on {price.effective_from} already exists; "
-            "delete it first or pick another effective_from.",
-            param="effective_from",
-            code="price_exists",
-        ) from None
+        raise PriceExists(body.model, price.effective_from) from None
     await session.refresh(price)
     record(
         session,
@@ -79,7 +75,7 @@ async def delete_price(session: AsyncSession, *, actor: Actor, price_id: int) ->
     _require_platform(actor)
     price = await session.get(ModelPrice, price_id)
     if price is None:
-        raise OpenAIError(404, f"Price {price_id} not found.", param="price_id", code="price_not_found")
+        raise PriceNotFound(price_id)
     before = PriceOut.model_validate(price).model_dump(mode="json")
     await session.execute(delete(ModelPrice).where(ModelPrice.id == price_id))
     record(
@@ -173,7 +169,7 @@ def parse_month(month: str) -> date:
     try:
         parsed = datetime.strptime(month, "%Y-%m")
     except ValueError:
-        raise OpenAIError(400, "month must look like 2026-11 (YYYY-MM).", param="month") from None
+        raise InvalidInput("month must look like 2026-11 (YYYY-MM).", param="month") from None
     return date(parsed.year, parsed.month, 1)
 
 

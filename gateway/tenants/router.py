@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from gateway.audit.deps import AdminActor
+from gateway.auth.deps import AdminActor, authenticator
 from gateway.db import DbSession
 from gateway.tenants import service
 from gateway.tenants.schemas import TenantCreate, TenantList, TenantOut, TenantUpdate
@@ -44,7 +44,7 @@ async def update_tenant(
     tenant = await service.update_tenant(
         session, actor=actor, tenant_id=tenant_id, name=body.name, status=body.status
     )
-    request.app.state.key_authenticator.forget_all()
+    authenticator(request.scope).forget_all()
     return TenantOut.model_validate(tenant)
 
 
@@ -53,5 +53,5 @@ async def delete_tenant(
     tenant_id: uuid.UUID, actor: AdminActor, session: DbSession, request: Request
 ) -> Response:
     await service.delete_tenant(session, actor=actor, tenant_id=tenant_id)
-    request.app.state.key_authenticator.forget_all()
+    authenticator(request.scope).forget_all()
     return Response(status_code=204)

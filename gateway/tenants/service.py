@@ -11,8 +11,10 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.audit.service import Actor, record
-from gateway.errors import OpenAIError
+from gateway.audit.service import record
+from gateway.auth.identity import Actor
+from gateway.exceptions import PlatformAdminRequired
+from gateway.tenants.exceptions import TenantNameTaken, TenantNotFound
 from gateway.tenants.models import Tenant
 from gateway.tenants.schemas import TenantOut
 
@@ -21,49 +23,23 @@ def snapshot(tenant: Tenant) -> dict[str, Any]:
     return TenantOut.model_validate(tenant).model_dump(mode="json")
 
 
-def _audit(
-    session: AsyncSession,
-    *,
-    actor: Actor,
-    action: str,
-    tenant: Tenant,
-    before: dict[str, Any] | None,
-    after: dict[str, Any] | None,
-) -> None:
-    record(
-        session,
-        actor=actor,
-        tenant_id=tenant.id,
-        action=action,
-        object_type="tenant",
-        object_id=tenant.id,
-        before=before,
-        after=after,
-    )
+def _audit(session: AsyncSession, *, tenant: Tenant, **change: Any) -> None:
+    """An audit row for a change to ``tenant``; ``change`` is the actor, action, before and after."""
+    record(session, tenant_id=tenant.id, object_type="tenant", object_id=tenant.id, **change)
 
 
 def _require_platform(actor: Actor, action: str) -> None:
     if not actor.is_platform:
-        raise OpenAIError(
-            403, f"Only a platform admin key can {action} tenants.", code="platform_admin_required"
-        )
-
-
-def _not_found(tenant_id: uuid.UUID) -> OpenAIError:
-    return OpenAIError(404, f"Tenant {tenant_id} not found.", param="tenant_id", code="tenant_not_found")
-
-
-def _name_taken(name: str) -> OpenAIError:
-    return OpenAIError(409, f"A tenant named {name!r} already exists.", param="name", code="tenant_exists")
+        raise PlatformAdminRequired(f"{action} tenants")
 
 
 async def get_tenant(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID) -> Tenant:
     """A live tenant the actor may see, else 404 (other tenants' existence is not revealed)."""
     if not actor.is_platform and actor.tenant_id != tenant_id:
-        raise _not_found(tenant_id)
+        raise TenantNotFound(tenant_id)
     tenant = await session.get(Tenant, tenant_id)
     if tenant is None or tenant.deleted_at is not None:
-        raise _not_found(tenant_id)
+        raise TenantNotFound(tenant_id)
     return tenant
 
 
@@ -82,7 +58,7 @@ async def create_tenant(session: AsyncSession, *, actor: Actor, name: str) -> Te
         await session.flush()
     except IntegrityError:
         await session.rollback()
-        raise _name_taken(name) from None
+        raise TenantNameTaken(name) from None
     _audit(session, actor=actor, action="tenant.create", tenant=tenant, before=None, after=snapshot(tenant))
     await session.commit()
     return tenant
@@ -107,7 +83,7 @@ async def update_tenant(
         await session.flush()
     except IntegrityError:
         await session.rollback()
-        raise _name_taken(name or "") from None
+        raise TenantNameTaken(name or "") from None
     after = snapshot(tenant)
     if after != before:
         _audit(session, actor=actor, action="tenant.update", tenant=tenant, before=before, after=after)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from gateway.proxy.relay import RelayOutcome
+from gateway.proxy.outcome import RelayOutcome
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.schemas import UsageRecord
 

@@ -9,6 +9,7 @@ import pytest
 from credentials import CreateTenantAndKey, bearer
 
 from gateway.keys.format import generate_key
+from gateway.wiring import gateway_state
 
 pytestmark = pytest.mark.anyio
 
@@ -83,7 +84,9 @@ async def test_bootstrap_admin_key_is_registered_once(
     from gateway.keys.service import bootstrap_admin_key
 
     secret = app.state.settings.secret_bytes()
-    assert not await bootstrap_admin_key(app.state.sessionmaker, admin_key=TEST_ADMIN_KEY, secret=secret)
+    assert not await bootstrap_admin_key(
+        gateway_state(app).sessionmaker, admin_key=TEST_ADMIN_KEY, secret=secret
+    )
     keys = (await client.get("/admin/keys?kind=admin", headers=admin_headers)).json()["data"]
     platform = [k for k in keys if k["tenant_id"] is None]
     assert len(platform) == 1 and platform[0]["hint"] == f"...{TEST_ADMIN_KEY[-4:]}"
@@ -100,7 +103,10 @@ async def test_bootstrap_is_idempotent_under_concurrency(
     new_key = "another-bootstrap-admin-key-0123456789-wxyz"
     secret = app.state.settings.secret_bytes()
     added = await asyncio.gather(
-        *(bootstrap_admin_key(app.state.sessionmaker, admin_key=new_key, secret=secret) for _ in range(8))
+        *(
+            bootstrap_admin_key(gateway_state(app).sessionmaker, admin_key=new_key, secret=secret)
+            for _ in range(8)
+        )
     )
     assert sorted(added) == [False] * 7 + [True]
     keys = (await client.get("/admin/keys?kind=admin", headers=admin_headers)).json()["data"]

@@ -18,7 +18,7 @@ from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
 from gateway.limits.schemas import RequestLimits, Scope, format_reset
 from gateway.limits.service import RateLimiter, reserve_tokens
-from gateway.metering import create_limits_redis
+from gateway.wiring import create_limits_redis
 from tern_stack.services import RedisServer
 
 pytestmark = pytest.mark.anyio

@@ -15,6 +15,7 @@ from credentials import bearer
 from fake_engine import REPLY, FakeEngine
 
 from gateway.config import Settings
+from gateway.wiring import gateway_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines]
 
@@ -109,7 +110,7 @@ async def test_tenant_admin_cannot_raise_limits(
 
 
 async def wait_for_usage_rows(app, n: int) -> None:  # type: ignore[no-untyped-def]
-    recorder = app.state.usage_recorder
+    recorder = gateway_state(app).usage_recorder
     deadline = time.monotonic() + 30
     while recorder.flushed < n:
         assert time.monotonic() < deadline, "usage never reached Postgres"
@@ -132,7 +133,7 @@ async def test_monthly_token_budget_stops_requests_and_survives_redis_loss(
 
     # Redis loses everything (restart without persistence): the budget is re-read from Postgres.
     await wait_for_usage_rows(app, 2)
-    await app.state.limits_redis.flushall()
+    await gateway_state(app).limits_redis.flushall()
     again = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
     assert again.status_code == 429 and again.json()["error"]["code"] == "insufficient_quota"
 
@@ -140,7 +141,7 @@ async def test_monthly_token_budget_stops_requests_and_survives_redis_loss(
 async def test_monthly_spend_budget_with_402(
     app, client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key
 ) -> None:
-    app.state.request_limiter.limiter.settings.budget_status = 402
+    gateway_state(app).request_limiter.limiter.settings.budget_status = 402
     price = {"model": "fake-model", "prompt_per_mtok": "1000", "completion_per_mtok": "2000"}
     assert (await client.post("/admin/prices", json=price, headers=admin_headers)).status_code == 201
     _, key, key_id = await create_tenant_and_key()

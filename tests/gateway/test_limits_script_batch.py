@@ -13,7 +13,7 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
 from gateway.limits.script_batch import ScriptBatcher
-from gateway.metering import create_limits_redis
+from gateway.wiring import create_limits_redis
 
 pytestmark = pytest.mark.anyio
 

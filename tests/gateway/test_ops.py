@@ -10,6 +10,7 @@ import pytest
 from fastapi import FastAPI
 
 from gateway.logging import JsonFormatter
+from gateway.wiring import gateway_state
 
 pytestmark = pytest.mark.anyio
 
@@ -59,24 +60,25 @@ class FakePool:
 
 
 async def test_readyz_needs_database_redis_and_an_engine(app: FastAPI, client: httpx.AsyncClient) -> None:
-    original = getattr(app.state, "engine_pool", None)
+    state = gateway_state(app)
+    original = state.engine_pool
     try:
-        app.state.engine_pool = FakePool(healthy=False)
+        state.engine_pool = FakePool(healthy=False)  # type: ignore[assignment]  # only any_healthy() is asked
         response = await client.get("/readyz")
         assert response.status_code == 503
         assert response.json()["checks"] == {"database": True, "redis": True, "engine": False}
         assert "engine" in response.json()["error"]["message"]
 
-        app.state.engine_pool = FakePool(healthy=True)
+        state.engine_pool = FakePool(healthy=True)  # type: ignore[assignment]
         response = await client.get("/readyz")
         assert response.status_code == 200 and response.json()["status"] == "ready"
 
-        await app.state.redis.aclose()
-        app.state.redis = type(app.state.redis).from_url("redis://127.0.0.1:1/0")  # nothing listens there
+        await state.redis.aclose()
+        state.redis = type(state.redis).from_url("redis://127.0.0.1:1/0")  # nothing listens there
         response = await client.get("/readyz")
         assert response.status_code == 503 and response.json()["checks"]["redis"] is False
     finally:
-        app.state.engine_pool = original
+        state.engine_pool = original
 
 
 async def test_metrics_count_requests_by_route_template_and_status(

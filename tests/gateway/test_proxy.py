@@ -17,7 +17,8 @@ from fake_engine import REPLY, FakeEngine
 from fastapi import FastAPI
 
 from gateway.logging import JsonFormatter
-from gateway.proxy.relay import RelayOutcome
+from gateway.proxy.outcome import RelayOutcome
+from gateway.wiring import gateway_state
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines(count=2)]
 
@@ -37,7 +38,7 @@ def outcomes(app: FastAPI) -> list[RelayOutcome]:
     async def record(outcome: RelayOutcome) -> None:
         recorded.append(outcome)
 
-    app.state.completion_hooks.append(record)
+    gateway_state(app).completion_hooks.append(record)
     return recorded
 
 
@@ -54,7 +55,7 @@ def assert_openai_error(response: httpx.Response, status: int, code: str | None 
 
 async def set_healthy(app: FastAPI, engine: FakeEngine, healthy: bool) -> None:
     engine.healthy = healthy
-    await app.state.engine_pool.probe_all()
+    await gateway_state(app).engine_pool.probe_all()
 
 
 async def test_chat_completion_non_streaming(
@@ -276,8 +277,8 @@ async def test_engine_that_went_away_is_skipped(
     for _ in range(3):
         assert (await client.post("/v1/chat/completions", json=CHAT, headers=key)).status_code == 200
     assert len(second.received) == 3
-    assert [u.healthy for u in app.state.engine_pool.upstreams] == [False, True]
-    assert [u.inflight for u in app.state.engine_pool.upstreams] == [0, 0]
+    assert [u.healthy for u in gateway_state(app).engine_pool.upstreams] == [False, True]
+    assert [u.inflight for u in gateway_state(app).engine_pool.upstreams] == [0, 0]
     second.stop()
     assert_openai_error(await client.post("/v1/chat/completions", json=CHAT, headers=key), 503)
 

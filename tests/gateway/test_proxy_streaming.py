@@ -21,7 +21,8 @@ from live_server import ServerThread, create_inference_key
 
 from gateway.app import create_app
 from gateway.config import Settings
-from gateway.proxy.relay import RelayOutcome
+from gateway.proxy.outcome import RelayOutcome
+from gateway.wiring import gateway_state
 
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}], "stream": True}
 
@@ -53,8 +54,8 @@ def outcomes() -> Outcomes:
 @pytest.fixture
 def gateway(gateway_settings: Settings, outcomes: Outcomes) -> Iterator[ServerThread]:
     app = create_app(gateway_settings)
-    app.state.completion_hooks.append(outcomes.record)
-    server = ServerThread(app).start()
+    server = ServerThread(app).start()  # returns once the app has started: its state exists
+    gateway_state(app).completion_hooks.append(outcomes.record)
     yield server
     server.stop()
 

@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from gateway.reports.schemas import METRICS
 from gateway.usage.schemas import UsageRecord
 from gateway.usage.service import write_batch
+from gateway.wiring import gateway_state
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +82,7 @@ async def seed(app: FastAPI, owners: list[tuple[str, str]], n: int = 120) -> lis
                 finished_at=started + timedelta(seconds=1),
             )
         )
-    await write_batch(app.state.db_engine, records, known_months=set())
+    await write_batch(gateway_state(app).db_engine, records, known_months=set())
     return records
 
 

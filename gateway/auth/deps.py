@@ -1,6 +1,7 @@
 """Bearer-key authentication for routes.
 
-``InferenceKey`` guards the OpenAI surface, ``AdminKey`` guards ``/admin`` (FastAPI dependencies).
+``InferenceKey`` guards the OpenAI surface, ``AdminKey`` guards ``/admin`` and ``AdminActor`` is the
+admin key as the actor of a change (FastAPI dependencies).
 The /v1 generation routes, which skip FastAPI's dependency solving, call :func:`authenticate_kind`
 directly. A missing, unknown, revoked or expired key is 401; a key of the wrong kind or of a
 suspended/deleted tenant is 403.
@@ -9,22 +10,13 @@ suspended/deleted tenant is 403.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from fastapi import Depends, Request
 from starlette.types import Scope
 
+from gateway.auth.identity import Actor, AuthenticatedKey, Authenticator
 from gateway.errors import OpenAIError
-from gateway.keys.auth import AuthenticatedKey, KeyAuthenticator
-
-__all__ = [
-    "AdminKey",
-    "AuthenticatedKey",
-    "InferenceKey",
-    "authenticate_kind",
-    "require_admin_key",
-    "require_inference_key",
-]
 
 KeyKind = Literal["inference", "admin"]
 
@@ -32,6 +24,17 @@ _WRONG_KIND = {
     "inference": "This endpoint needs an inference key; admin keys cannot call models.",
     "admin": "This endpoint needs an admin key; inference keys cannot use /admin.",
 }
+
+
+class AuthState(Protocol):
+    """What authentication reads from the app's state (``gateway.wiring.GatewayState``)."""
+
+    key_authenticator: Authenticator
+
+
+def authenticator(scope: Scope) -> Authenticator:
+    state: AuthState = scope["app"].state.gateway
+    return state.key_authenticator
 
 
 def authorization_header(scope: Scope) -> str | None:
@@ -63,8 +66,7 @@ def bearer_token(header: str | None) -> str:
 async def authenticate_kind(scope: Scope, kind: KeyKind) -> AuthenticatedKey:
     """The request's key, which must be of ``kind``; its key and tenant go on the request state
     for the access log."""
-    authenticator: KeyAuthenticator = scope["app"].state.key_authenticator
-    key = await authenticator.authenticate(bearer_token(authorization_header(scope)))
+    key = await authenticator(scope).authenticate(bearer_token(authorization_header(scope)))
     state = scope.setdefault("state", {})
     state["key_id"] = str(key.key_id)
     state["tenant_id"] = str(key.tenant_id) if key.tenant_id else None
@@ -86,3 +88,12 @@ require_admin_key = _require_kind("admin")
 
 InferenceKey = Annotated[AuthenticatedKey, Depends(require_inference_key)]
 AdminKey = Annotated[AuthenticatedKey, Depends(require_admin_key)]
+
+
+async def admin_actor(request: Request, key: AdminKey) -> Actor:
+    """``async`` so FastAPI does not run it in a worker thread."""
+    request_id = getattr(request.state, "request_id", None)
+    return Actor(key_id=key.key_id, tenant_id=key.tenant_id, request_id=request_id)
+
+
+AdminActor = Annotated[Actor, Depends(admin_actor)]

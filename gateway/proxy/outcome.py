@@ -1,0 +1,66 @@
+"""What the proxy hands to the domains that watch it, and what it asks of them.
+
+The proxy knows nothing of limits or usage: at start-up ``gateway.wiring`` gives it an
+:class:`Admitter` (the limits, asked before any engine work) and its :data:`CompletionHook` list
+(limits settlement, usage metering), which receive every finished request's :class:`RelayOutcome`.
+Those domains import this module; the proxy imports none of them, so there is no cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from gateway.auth.identity import AuthenticatedKey
+from protocol.openai.requests import OpenAIRequest
+
+
+@dataclass(slots=True)
+class RelayOutcome:
+    """Everything known about a finished request; what completion hooks receive.
+
+    Token counts come from the engine's final (or error) frame when ``usage_exact``;
+    otherwise the engine could not be asked, ``completion_tokens`` counts the
+    token ids the gateway saw and ``prompt_tokens`` is 0.
+    """
+
+    request_id: str
+    endpoint: str
+    model: str
+    tenant_id: str | None
+    key_id: str | None
+    stream: bool
+    started_at: float
+    """Unix time the gateway began dispatching."""
+    engine_url: str | None = None
+    status: int = 200
+    """The HTTP status, or for a stream that failed after it began the error frame's status;
+    499 when the client disconnected first."""
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    usage_exact: bool = False
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    error_code: str | None = None
+    client_disconnected: bool = False
+
+
+CompletionHook = Callable[[RelayOutcome], Awaitable[None]]
+
+
+class Admitter(Protocol):
+    """Decides, before any engine work, whether a request may run (``gateway.limits.admission``)."""
+
+    async def admit(
+        self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str
+    ) -> Mapping[str, str]:
+        """Admit and return the headers to add to the response, or raise an ``OpenAIError``
+        (429, 402, 503)."""
+        ...
+
+    async def release(self, *, request_id: str, key_id: str) -> None:
+        """Free the admission of a request that never reached an engine (its hooks will not run)."""
+        ...

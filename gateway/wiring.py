@@ -1,0 +1,154 @@
+"""The gateway's parts, built once per process, in one typed object: :class:`GatewayState`.
+
+``create_app`` runs :func:`running_gateway` in its lifespan and stores the state as
+``app.state.gateway``. A route reads it through a small Protocol of its own domain that names only
+what it uses (``auth.deps.AuthState``, ``proxy.router.ProxyState``, ...), so no domain imports this
+module, which imports them all. Shutdown (SIGTERM, after uvicorn let in-flight requests finish)
+closes the parts in reverse: the engine pool, then the usage buffer is flushed (or spooled to disk if
+Postgres is down), then Redis and the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import date
+from decimal import Decimal
+
+from fastapi import FastAPI
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from gateway.config import Settings
+from gateway.db import create_db_engine, create_sessionmaker
+from gateway.keys.auth import KeyAuthenticator
+from gateway.keys.service import bootstrap_admin_key
+from gateway.limits.admission import RequestLimiter
+from gateway.limits.config import LimitsSettings
+from gateway.limits.policies import LimitPolicies
+from gateway.limits.schemas import Scope
+from gateway.limits.service import RateLimiter
+from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.outcome import CompletionHook
+from gateway.redis import create_redis
+from gateway.reports import service as reports_service
+from gateway.reports.pricing import PriceBook
+from gateway.usage.config import UsageSettings
+from gateway.usage.hook import UsageHook
+from gateway.usage.recorder import UsageRecorder
+
+log = logging.getLogger("tern.gateway")
+
+LIMITS_REDIS_CONNECTIONS = 64
+
+
+@dataclass(slots=True)
+class GatewayState:
+    """Everything a request may need, alive from start-up to shutdown."""
+
+    settings: Settings
+    db_engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    redis: Redis
+    key_authenticator: KeyAuthenticator
+    engine_pool: EnginePool
+    usage_recorder: UsageRecorder
+    limits_redis: Redis
+    """A separate, fail-fast client: the limits must not wait on the shared one's retries."""
+    request_limiter: RequestLimiter
+    completion_hooks: list[CompletionHook] = field(default_factory=list)
+    """Run with every finished /v1 request's outcome: limits settlement, then usage metering."""
+
+    @property
+    def admitter(self) -> RequestLimiter:
+        """What the proxy asks before any engine work (``proxy.outcome.Admitter``)."""
+        return self.request_limiter
+
+
+def gateway_state(app: FastAPI) -> GatewayState:
+    """The running app's state (for tests and tools; routes use their domain's view)."""
+    return app.state.gateway
+
+
+def create_limits_redis(url: str) -> Redis:
+    """A client that fails fast (no retries, short timeouts): while Redis is away, the failure
+    policies take over within seconds instead of after a retry backoff."""
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=LIMITS_REDIS_CONNECTIONS,
+        timeout=5.0,  # a burst waits for a free connection instead of failing as "Redis down"
+        socket_connect_timeout=2.0,
+        socket_timeout=2.0,
+    )
+    return Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
+
+
+def _request_limiter(
+    *, db_engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession], limits_redis: Redis
+) -> RequestLimiter:
+    limits_settings = LimitsSettings()
+
+    async def load_month_usage(scope: Scope, month: date) -> tuple[int, Decimal]:
+        column = "key_id" if scope.kind.startswith("key") else "tenant_id"
+        return await reports_service.month_usage(db_engine, column=column, owner_id=scope.id, month=month)
+
+    return RequestLimiter(
+        limiter=RateLimiter(redis=limits_redis, settings=limits_settings, load_month_usage=load_month_usage),
+        policies=LimitPolicies(sessionmaker=sessionmaker, settings=limits_settings),
+        prices=PriceBook(engine=db_engine),
+    )
+
+
+@asynccontextmanager
+async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
+    """Start every part (registering ``TERN_ADMIN_KEY`` if set), yield them, close them in reverse."""
+    async with AsyncExitStack() as stack:
+        db_engine = create_db_engine(settings)
+        stack.push_async_callback(db_engine.dispose)
+        sessionmaker = create_sessionmaker(db_engine)
+        redis = create_redis(settings.redis_url)
+        stack.push_async_callback(redis.aclose)
+        secret = settings.secret_bytes()
+        if settings.admin_key is not None:
+            added = await bootstrap_admin_key(
+                sessionmaker, admin_key=settings.admin_key.get_secret_value(), secret=secret
+            )
+            if added:
+                log.info("registered TERN_ADMIN_KEY as a platform admin key")
+        limits_redis = create_limits_redis(settings.redis_url)
+        stack.push_async_callback(limits_redis.aclose)
+        usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings())
+        await usage_recorder.start()
+        stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
+        engine_pool = EnginePool(
+            settings.engine_urls,
+            health_interval_s=settings.engine_health_interval_s,
+            connect_timeout_s=settings.engine_connect_timeout_s,
+            request_timeout_s=settings.engine_request_timeout_s,
+        )
+        await engine_pool.start()
+        stack.push_async_callback(engine_pool.close)
+        request_limiter = _request_limiter(
+            db_engine=db_engine, sessionmaker=sessionmaker, limits_redis=limits_redis
+        )
+        yield GatewayState(
+            settings=settings,
+            db_engine=db_engine,
+            sessionmaker=sessionmaker,
+            redis=redis,
+            key_authenticator=KeyAuthenticator(
+                sessionmaker=sessionmaker,
+                secret=secret,
+                cache_ttl_s=settings.key_cache_ttl_s,
+                last_used_interval_s=settings.key_last_used_interval_s,
+            ),
+            engine_pool=engine_pool,
+            usage_recorder=usage_recorder,
+            limits_redis=limits_redis,
+            request_limiter=request_limiter,
+            completion_hooks=[request_limiter.on_complete, UsageHook(usage_recorder)],
+        )
