@@ -33,56 +33,15 @@ from typing import Any, TypeVar
 import aiohttp
 import httpx
 
+from gateway.bench.standin import MODEL, start_standin
 from gateway.db import upgrade_database
-from protocol.rpc import (
-    GENERATE_PATH,
-    DeltaFrame,
-    FinalFrame,
-    HealthResponse,
-    ModelInfo,
-    ModelList,
-    encode_frame,
-)
+from protocol.rpc import GENERATE_PATH
 from tern_stack.services import PostgresServer, RedisServer, free_port
 
 T = TypeVar("T")
 
-MODEL = "standin"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
 GENERATE = {"request_id": "bench", "model": MODEL, "prompt": "hi", "sampling": {"max_tokens": 1}}
-
-
-# ---------------------------------------------------------------- the stand-in engine
-
-
-async def standin_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-    """A raw ASGI engine: one delta and the final frame, at once."""
-    if scope["type"] != "http":
-        return
-    while (await receive()).get("more_body"):
-        pass
-    path = scope["path"]
-    if path.endswith("/health"):
-        body, kind = HealthResponse(status="ok", model=MODEL).model_dump_json().encode(), b"application/json"
-    elif path.endswith("/models"):
-        body, kind = ModelList(data=[ModelInfo(id=MODEL)]).model_dump_json().encode(), b"application/json"
-    elif path == GENERATE_PATH:
-        body = encode_frame(DeltaFrame(text="ok", token_ids=[1])) + encode_frame(
-            FinalFrame(finish_reason="length", prompt_tokens=1, completion_tokens=1)
-        )
-        kind = b"application/x-ndjson"
-    else:
-        body, kind = b'{"aborted": false}', b"application/json"
-    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
-    await send({"type": "http.response.body", "body": body})
-
-
-def serve_standin(port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(
-        standin_app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="off"
-    )
 
 
 # ---------------------------------------------------------------- measuring
@@ -170,11 +129,7 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
         upgrade_database(pg.url("tern"))
         standin_port, gateway_port = free_port(), free_port()
         try:
-            standin = subprocess.Popen(
-                [sys.executable, "-m", "gateway.bench.gateway", "--serve-standin", str(standin_port)]
-            )
-            children.append(standin)
-            wait_http(f"http://127.0.0.1:{standin_port}/rpc/v1/health", standin)
+            children.append(start_standin(standin_port))
             env = {
                 **os.environ,
                 "TERN_DATABASE_URL": pg.url("tern"),
@@ -259,11 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tern bench gateway", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--serve-standin", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.serve_standin:
-        serve_standin(args.serve_standin)
-        return 0
     print(json.dumps(run(args.requests, args.concurrency), indent=2))
     return 0
 

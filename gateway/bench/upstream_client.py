@@ -1,6 +1,6 @@
 """httpx versus aiohttp for the gateway -> engine hop.
 
-Starts a tiny local uvicorn upstream in a subprocess (so the client and the
+Starts the stand-in engine (`gateway.bench.standin`) in a subprocess (so the client and the
 server do not share a GIL), then drives it with each client at a fixed
 concurrency through one pooled client, and prints JSON with requests per
 second. Two shapes: a unary JSON call and an NDJSON stream like
@@ -15,9 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,57 +22,14 @@ from typing import Any
 import aiohttp
 import httpx
 
+from gateway.bench.standin import start_standin
+from protocol.rpc import ABORT_PATH, GENERATE_PATH
 from tern_stack.services import free_port
 
 STREAM_LINES = 16
 _BODY = json.dumps(
     {"request_id": "bench", "prompt": "hello", "sampling": {"max_tokens": STREAM_LINES}}
 ).encode()
-
-
-async def upstream_app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
-    """A raw ASGI upstream: ``/unary`` answers JSON, ``/stream`` answers NDJSON lines."""
-    if scope["type"] != "http":
-        return
-    while (await receive()).get("more_body"):
-        pass
-    if scope["path"] == "/stream":
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [(b"content-type", b"application/x-ndjson")],
-            }
-        )
-        for i in range(STREAM_LINES):
-            line = b'{"type":"delta","text":"tok%d","token_ids":[%d]}\n' % (i, i)
-            await send({"type": "http.response.body", "body": line, "more_body": True})
-        final = b'{"type":"final","finish_reason":"length","prompt_tokens":1,"completion_tokens":16}\n'
-        await send({"type": "http.response.body", "body": final, "more_body": False})
-        return
-    body = b'{"status":"ok"}'
-    await send(
-        {"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]}
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-def start_upstream(port: int) -> subprocess.Popen[bytes]:
-    code = (
-        "import uvicorn; from gateway.bench.upstream_client import upstream_app; "
-        f"uvicorn.run(upstream_app, host='127.0.0.1', port={port}, log_level='error', "
-        "access_log=False, http='httptools', loop='uvloop')"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code])
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return proc
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("upstream did not start")
 
 
 async def _drive(call: Callable[[], Awaitable[None]], *, concurrency: int, requests: int) -> float:
@@ -101,11 +55,11 @@ async def bench_httpx(base: str, *, stream: bool, concurrency: int, requests: in
 
         async def call() -> None:
             if stream:
-                async with client.stream("POST", "/stream", content=_BODY) as resp:
+                async with client.stream("POST", GENERATE_PATH, content=_BODY) as resp:
                     async for _ in resp.aiter_lines():
                         pass
             else:
-                resp = await client.post("/unary", content=_BODY)
+                resp = await client.post(ABORT_PATH, content=_BODY)
                 resp.json()
 
         return await _drive(call, concurrency=concurrency, requests=requests)
@@ -117,11 +71,11 @@ async def bench_aiohttp(base: str, *, stream: bool, concurrency: int, requests: 
 
         async def call() -> None:
             if stream:
-                async with session.post("/stream", data=_BODY) as resp:
+                async with session.post(GENERATE_PATH, data=_BODY) as resp:
                     async for _ in resp.content:
                         pass
             else:
-                async with session.post("/unary", data=_BODY) as resp:
+                async with session.post(ABORT_PATH, data=_BODY) as resp:
                     await resp.json()
 
         return await _drive(call, concurrency=concurrency, requests=requests)
@@ -129,7 +83,7 @@ async def bench_aiohttp(base: str, *, stream: bool, concurrency: int, requests: 
 
 async def run(*, concurrency: int, requests: int) -> dict[str, Any]:
     port = free_port()
-    proc = start_upstream(port)
+    proc = start_standin(port)
     base = f"http://127.0.0.1:{port}"
     results: dict[str, Any] = {"concurrency": concurrency, "requests": requests, "cpus": os.cpu_count()}
     try:
