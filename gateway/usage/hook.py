@@ -10,8 +10,10 @@ from gateway.usage.schemas import UsageRecord
 
 
 def record_from_outcome(outcome: RelayOutcome) -> UsageRecord | None:
-    """None for requests without a tenant and key (never the case for inference keys)."""
-    if outcome.tenant_id is None or outcome.key_id is None:
+    """None for requests that never reached an engine (an unknown model, no healthy engine: a client
+    must not be able to write rows, or model names into reports, by asking for what is not served)
+    and for requests without a tenant and key (never the case for inference keys)."""
+    if outcome.engine_url is None or outcome.tenant_id is None or outcome.key_id is None:
         return None
     started = datetime.fromtimestamp(outcome.started_at, UTC)
     return UsageRecord(

@@ -15,6 +15,7 @@ import pytest
 from credentials import CreateTenantAndKey, bearer
 from fake_engine import REPLY, FakeEngine
 from fastapi import FastAPI
+from sqlalchemy import text
 
 from gateway.logging import JsonFormatter
 from gateway.proxy.outcome import RelayOutcome
@@ -216,9 +217,26 @@ async def test_model_not_allowed_for_key_is_403(
     assert not any(e.received for e in fake_engines)
 
 
-async def test_unknown_model_is_404(client: httpx.AsyncClient, key: dict[str, str]) -> None:
-    response = await client.post("/v1/chat/completions", json=CHAT | {"model": "nope"}, headers=key)
+async def test_unknown_model_is_404_and_not_billed(
+    app: FastAPI, client: httpx.AsyncClient, create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    """Only requests that reached an engine are metered: otherwise any client could write usage rows,
+    and model names of its choosing into its tenant's reports (issue 18, defect 3)."""
+    _, secret, key_id = await create_tenant_and_key()
+    response = await client.post(
+        "/v1/chat/completions", json=CHAT | {"model": "gpt-4o"}, headers=bearer(secret)
+    )
     assert_openai_error(response, 404, "model_not_found")
+    served = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret))
+    assert served.status_code == 200
+    recorder = gateway_state(app).usage_recorder
+    deadline = asyncio.get_running_loop().time() + 30
+    while recorder.flushed < 1:  # rows flush in arrival order: the 404's would be in this batch or before
+        assert asyncio.get_running_loop().time() < deadline, "usage never reached Postgres"
+        await asyncio.sleep(0.05)
+    async with gateway_state(app).db_engine.connect() as conn:
+        rows = await conn.execute(text("SELECT model FROM usage_records WHERE key_id = :k"), {"k": key_id})
+        assert [model for (model,) in rows] == ["fake-model"]
 
 
 async def test_models_are_filtered_by_the_key_scope(
