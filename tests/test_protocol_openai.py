@@ -123,6 +123,11 @@ def test_completion_prompt_forms() -> None:
         (chat(stop=["ok", ""]), "stop", "non-empty"),
         (chat(messages=[{"role": "user", "content": "hi", "extra": 1}]), "messages.0.extra", "Unrecognized"),
         (chat(messages=[]), "messages", "at least 1"),
+        (  # issue 18 defect 13: say what is unsupported, not pydantic's union path ("content.str")
+            chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+            "messages.0.content",
+            "'image_url' are not supported: this model takes text input only",
+        ),
     ],
 )
 def test_bad_chat_requests_are_openai_shaped_400s(raw: bytes, param: str | None, fragment: str) -> None:

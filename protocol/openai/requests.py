@@ -154,6 +154,21 @@ class ChatMessageIn(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
     refusal: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        """Name what is unsupported (an image, audio, a file) instead of pydantic's union path."""
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise PydanticCustomError(
+                        "tern_unsupported",
+                        "Content parts of type '{kind}' are not supported: this model takes text input only.",
+                        {"kind": kind},
+                    )
+        return content
+
     def to_rpc(self) -> dict[str, Any]:
         """The RPC's :class:`ChatMessage`, as a dict (see ``_generate_request``)."""
         content = self.content
