@@ -12,6 +12,7 @@ from gateway.config import Settings
 from gateway.db import DbSession
 from gateway.keys import service
 from gateway.keys.auth import KeyAuthenticator
+from gateway.keys.format import hash_key
 from gateway.keys.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
 
 router = APIRouter(prefix="/admin/keys", tags=["admin: keys"])
@@ -30,6 +31,14 @@ def _state(request: Request) -> KeysState:
 
 def _secret(request: Request) -> bytes:
     return _state(request).settings.secret_bytes()
+
+
+def _bootstrap_hash(request: Request) -> str | None:
+    """The hash of ``TERN_ADMIN_KEY``, which the API refuses to revoke, rotate or expire."""
+    settings = _state(request).settings
+    if settings.admin_key is None:
+        return None
+    return hash_key(settings.admin_key.get_secret_value(), settings.secret_bytes())
 
 
 def _authenticator(request: Request) -> KeyAuthenticator:
@@ -81,14 +90,18 @@ async def update_key(
     key_id: uuid.UUID, body: KeyUpdate, actor: AdminActor, session: DbSession, request: Request
 ) -> KeyOut:
     changes = body.model_dump(include=body.model_fields_set)
-    key = await service.update_key(session, actor=actor, key_id=key_id, changes=changes)
+    key = await service.update_key(
+        session, actor=actor, key_id=key_id, changes=changes, protected_hash=_bootstrap_hash(request)
+    )
     _authenticator(request).forget(key.secret_hash)
     return KeyOut.model_validate(key)
 
 
 @router.post("/{key_id}/revoke")
 async def revoke_key(key_id: uuid.UUID, actor: AdminActor, session: DbSession, request: Request) -> KeyOut:
-    key = await service.revoke_key(session, actor=actor, key_id=key_id)
+    key = await service.revoke_key(
+        session, actor=actor, key_id=key_id, protected_hash=_bootstrap_hash(request)
+    )
     _authenticator(request).forget(key.secret_hash)
     return KeyOut.model_validate(key)
 
@@ -103,7 +116,12 @@ async def rotate_key(
 ) -> KeyCreated:
     grace_seconds = body.grace_seconds if body is not None else 0
     old, new, plaintext = await service.rotate_key(
-        session, actor=actor, secret=_secret(request), key_id=key_id, grace_seconds=grace_seconds
+        session,
+        actor=actor,
+        secret=_secret(request),
+        key_id=key_id,
+        grace_seconds=grace_seconds,
+        protected_hash=_bootstrap_hash(request),
     )
     _authenticator(request).forget(old.secret_hash)
     return _created(new, plaintext)

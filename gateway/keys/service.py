@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.audit.service import record
 from gateway.auth.identity import SYSTEM, Actor
 from gateway.exceptions import Forbidden, InvalidInput
-from gateway.keys.exceptions import KeyNotFound, KeyNotRotatable
+from gateway.keys.exceptions import BootstrapKeyProtected, KeyNotFound, KeyNotRotatable
 from gateway.keys.format import display_hint, generate_key, hash_key
 from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyOut
@@ -143,8 +143,19 @@ async def list_keys(
     return list((await session.scalars(query)).all())
 
 
+def _refuse_if_protected(key: ApiKey, protected_hash: str | None) -> None:
+    """``protected_hash``: the bootstrap admin key's hash, which the API may not revoke or expire."""
+    if protected_hash is not None and key.secret_hash == protected_hash:
+        raise BootstrapKeyProtected()
+
+
 async def update_key(
-    session: AsyncSession, *, actor: Actor, key_id: uuid.UUID, changes: dict[str, Any]
+    session: AsyncSession,
+    *,
+    actor: Actor,
+    key_id: uuid.UUID,
+    changes: dict[str, Any],
+    protected_hash: str | None = None,
 ) -> ApiKey:
     """Apply ``changes`` (only fields in UPDATABLE_FIELDS; explicit ``None`` clears a field)."""
     unknown = set(changes) - set(UPDATABLE_FIELDS)
@@ -156,6 +167,7 @@ async def update_key(
         changes = {**changes, "models": []}
     key = await get_key(session, actor=actor, key_id=key_id)
     if "expires_at" in changes:
+        _refuse_if_protected(key, protected_hash)
         _check_not_past(changes["expires_at"])
     before = snapshot(key)
     for field, value in changes.items():
@@ -168,9 +180,12 @@ async def update_key(
     return key
 
 
-async def revoke_key(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) -> ApiKey:
+async def revoke_key(
+    session: AsyncSession, *, actor: Actor, key_id: uuid.UUID, protected_hash: str | None = None
+) -> ApiKey:
     """Idempotent: revoking a revoked key changes nothing and writes no audit row."""
     key = await get_key(session, actor=actor, key_id=key_id)
+    _refuse_if_protected(key, protected_hash)
     if key.revoked_at is None:
         before = snapshot(key)
         key.revoked_at = datetime.now(UTC)
@@ -180,12 +195,19 @@ async def revoke_key(session: AsyncSession, *, actor: Actor, key_id: uuid.UUID) 
 
 
 async def rotate_key(
-    session: AsyncSession, *, actor: Actor, secret: bytes, key_id: uuid.UUID, grace_seconds: int = 0
+    session: AsyncSession,
+    *,
+    actor: Actor,
+    secret: bytes,
+    key_id: uuid.UUID,
+    grace_seconds: int = 0,
+    protected_hash: str | None = None,
 ) -> tuple[ApiKey, ApiKey, str]:
     """A new key with the same scope and limits; the old one expires after ``grace_seconds``.
 
     Returns (old row, new row, new plaintext key)."""
     old = await get_key(session, actor=actor, key_id=key_id)
+    _refuse_if_protected(old, protected_hash)
     now = datetime.now(UTC)
     if old.revoked_at is not None:
         raise KeyNotRotatable("revoked")

@@ -142,3 +142,26 @@ async def test_patch_changes_limits_and_clears_with_null(
     assert response.status_code == 200
     assert response.json()["rpm_limit"] == 20 and response.json()["tpm_limit"] is None
     assert response.json()["name"].endswith("-key")  # untouched
+
+
+async def test_bootstrap_admin_key_cannot_revoke_rotate_or_expire_itself(
+    client: httpx.AsyncClient, admin_headers: dict[str, str]
+) -> None:
+    """A fuzzer revoked TERN_ADMIN_KEY with itself and locked the operator out (issue 18, defect 6)."""
+    keys = (await client.get("/admin/keys?kind=admin", headers=admin_headers)).json()["data"]
+    [bootstrap] = [k for k in keys if k["name"] == "bootstrap (TERN_ADMIN_KEY)" and k["revoked_at"] is None]
+    url = f"/admin/keys/{bootstrap['id']}"
+    later = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    for response in (
+        await client.post(f"{url}/revoke", headers=admin_headers),
+        await client.post(f"{url}/rotate", headers=admin_headers),
+        await client.patch(url, json={"expires_at": later}, headers=admin_headers),
+    ):
+        assert response.status_code == 409, response.text
+        assert response.json()["error"]["code"] == "bootstrap_key_protected"
+    assert (await whoami(client, admin_headers["Authorization"].removeprefix("Bearer "))).status_code == 200
+    # Other changes to it, and revoking any other admin key, still work.
+    assert (await client.patch(url, json={"rpm_limit": None}, headers=admin_headers)).status_code == 200
+    other = await client.post("/admin/keys", json={"name": "second", "kind": "admin"}, headers=admin_headers)
+    revoked = await client.post(f"/admin/keys/{other.json()['id']}/revoke", headers=admin_headers)
+    assert revoked.status_code == 200 and revoked.json()["revoked_at"]
