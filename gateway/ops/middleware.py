@@ -111,6 +111,8 @@ class RequestContextMiddleware:
                 error = OpenAIError(500, "Internal server error.", type="server_error")
                 await error.response()(scope, receive, send_with_id)
         finally:
+            if not response_started and scope["state"].get("client_disconnected"):
+                status = CLIENT_CLOSED_REQUEST  # it left while we worked on the answer (a timeout, say)
             elapsed = time.perf_counter() - started
             route = _route_template(scope)
             method = scope["method"]

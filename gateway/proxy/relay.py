@@ -322,6 +322,8 @@ class RelayResponse(Response):
             disconnected = True
         finally:
             watcher.cancel()  # before any await: the watcher can no longer cancel this task
+            if disconnected:  # the request envelope counts and logs it as 499, not as a 500
+                scope.setdefault("state", {})["client_disconnected"] = True
             with anyio.CancelScope(shield=True):
                 await self.relay.finish(client_disconnected=disconnected)
 

@@ -9,8 +9,10 @@ assertions: ordering is proved by the gate, completion by events.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -130,12 +132,29 @@ def test_client_disconnect_during_a_non_streaming_request_aborts_too(
         f"authorization: {http.headers['Authorization']}\r\n"
         f"content-length: {len(body)}\r\n\r\n"
     ).encode()
+    before = {status: requests_counted(gateway, status) for status in ("499", "500")}
     with socket.create_connection(("127.0.0.1", gateway.port)) as raw:
         raw.sendall(head + body)
         assert fake_engine.generate_called.wait(30)
     outcome = outcomes.wait_one()
     assert fake_engine.aborted == [outcome.request_id]
     assert outcome.client_disconnected and outcome.finish_reason == "abort" and outcome.completion_tokens == 1
+    # Counted (and logged) as the client's doing, 499, like its usage row: not as a 500 (issue 18, defect 7).
+    deadline = time.monotonic() + 10
+    while requests_counted(gateway, "499") == before["499"]:
+        assert time.monotonic() < deadline, "the request was never counted as 499"
+        time.sleep(0.05)
+    assert requests_counted(gateway, "500") == before["500"]
+
+
+def requests_counted(gateway: ServerThread, status: str) -> float:
+    """``tern_http_requests_total`` for POST /v1/chat/completions with ``status``, from /metrics."""
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    pattern = (
+        rf'^tern_http_requests_total\{{method="POST",route="/v1/chat/completions",status="{status}"\}} (\S+)$'
+    )
+    found = re.search(pattern, metrics, re.M)
+    return float(found.group(1)) if found else 0.0
 
 
 def test_stream_with_usage_and_text_completions(
