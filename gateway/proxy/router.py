@@ -43,6 +43,9 @@ class ProxyState(Protocol):
     @property
     def admitter(self) -> Admitter | None: ...
 
+    @property
+    def max_tokens_cap(self) -> int | None: ...
+
 
 def proxy_state(scope: Scope) -> ProxyState:
     return scope["app"].state.gateway
@@ -121,6 +124,7 @@ class GenerateEndpoint:
                 request_id=request_id,
                 cache_namespace=cache_namespace,
                 hooks=state.completion_hooks,
+                max_tokens_cap=state.max_tokens_cap,
                 headers=headers,
             )
 

@@ -58,6 +58,7 @@ async def dispatch(
     cache_namespace: str | None,
     hooks: Sequence[CompletionHook],
     headers: Mapping[str, str],
+    max_tokens_cap: int | None = None,
 ) -> RelayResponse:
     """Start the generation on an engine and return the response that relays it, with ``headers``.
 
@@ -66,6 +67,9 @@ async def dispatch(
     """
     tenant_id = str(key.tenant_id) if key.tenant_id else None
     gen_request = openai_request.to_generate_request(request_id=request_id, cache_namespace=cache_namespace)
+    if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
+        sampling = gen_request.sampling
+        sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
     relay = Relay(
         pool=pool,
         gen_request=gen_request,

@@ -106,6 +106,21 @@ async def test_request_reaches_engine_as_rpc(
     assert sent.cache_namespace is None  # TERN_PREFIX_CACHE_ISOLATION=shared, the default
 
 
+async def test_default_max_tokens_is_the_cap(
+    app: FastAPI, client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine]
+) -> None:
+    """TERN_LIMITS_DEFAULT_MAX_TOKENS is what a request without max_tokens gets and the most any gets:
+    one without ran 5,251 tokens until its client gave up (issue 18, defect 8)."""
+    cap = gateway_state(app).max_tokens_cap
+    for extra, expected in (({}, cap), ({"max_tokens": cap + 1000}, cap), ({"max_tokens": 3}, 3)):
+        response = await client.post("/v1/chat/completions", json=CHAT | extra, headers=key)
+        assert response.status_code == 200, response.text
+        [sent] = [
+            r for e in fake_engines for r in e.received if r.request_id == response.headers["x-request-id"]
+        ]
+        assert sent.sampling.max_tokens == expected
+
+
 @pytest.mark.parametrize("isolation", ["shared", "tenant"])
 async def test_prefix_cache_is_shared_or_isolated_per_tenant(
     app: FastAPI,
