@@ -7,6 +7,7 @@ stay consistent across domains.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,10 +15,16 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.exceptions import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
+
+log = logging.getLogger(__name__)
+
+DATA_EXCEPTION_CLASS = "22"
+"""SQLSTATE class 22, data exception: numeric value out of range, untranslatable character, ..."""
 
 DOMAIN_ERROR_STATUS: dict[type[DomainError], int] = {
     InvalidInput: 400,
@@ -76,6 +83,17 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(DomainError)
     async def _domain_error(_: Request, exc: DomainError) -> Response:
         return domain_error_response(exc)
+
+    @app.exception_handler(DBAPIError)
+    async def _database_error(_: Request, exc: DBAPIError) -> Response:
+        """A value Postgres cannot store (a NUL character, a number past its column) is the
+        client's error, though no schema named it; anything else is ours."""
+        sqlstate = str(getattr(exc.orig, "sqlstate", "") or "")
+        if sqlstate.startswith(DATA_EXCEPTION_CLASS):
+            message = "Invalid value in the request: it cannot be stored (a NUL character, a number too big)."
+            return json_response(error_body(message, status=400), status=400)
+        log.exception("database error")
+        return OpenAIError(500, "Internal server error.", type="server_error").response()
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:

@@ -8,6 +8,7 @@ from typing import Annotated, Literal, Protocol
 from fastapi import APIRouter, Query, Request
 
 from gateway.auth.deps import AdminActor
+from gateway.bounds import Offset
 from gateway.config import Settings
 from gateway.db import DbSession
 from gateway.keys import service
@@ -66,7 +67,7 @@ async def list_keys(
     kind: Literal["inference", "admin"] | None = None,
     include_revoked: bool = True,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> KeyList:
     keys = await service.list_keys(
         session,

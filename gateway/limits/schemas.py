@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.bounds import Int32, Int64
 from gateway.limits.config import FailurePolicy
 
 NANO = Decimal(10) ** 9
@@ -152,9 +153,9 @@ def rate_limit_headers(requests: WindowState | None, tokens: WindowState | None)
 class ModelLimit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    rpm: int | None = Field(None, ge=0)
-    tpm: int | None = Field(None, ge=0)
-    concurrency: int | None = Field(None, ge=0)
+    rpm: Int32 | None = None
+    tpm: Int32 | None = None
+    concurrency: Int32 | None = None
 
 
 class TenantLimitsBody(BaseModel):
@@ -162,10 +163,10 @@ class TenantLimitsBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rpm_limit: int | None = Field(None, ge=0)
-    tpm_limit: int | None = Field(None, ge=0)
-    max_concurrency: int | None = Field(None, ge=0)
-    monthly_token_budget: int | None = Field(None, ge=0)
+    rpm_limit: Int32 | None = None
+    tpm_limit: Int32 | None = None
+    max_concurrency: Int32 | None = None
+    monthly_token_budget: Int64 | None = None
     monthly_spend_budget: Decimal | None = Field(None, ge=0, max_digits=20, decimal_places=6)
     model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
 

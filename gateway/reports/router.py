@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Response
 
 from gateway.auth.deps import AdminActor, InferenceKey
+from gateway.bounds import RowId
 from gateway.db import DbSession
 from gateway.errors import OpenAIError
 from gateway.reports import service
@@ -37,7 +38,7 @@ async def list_prices(_: AdminActor, session: DbSession, model: str | None = Non
 
 
 @admin_router.delete("/admin/prices/{price_id}", status_code=204)
-async def delete_price(price_id: int, actor: AdminActor, session: DbSession) -> Response:
+async def delete_price(price_id: RowId, actor: AdminActor, session: DbSession) -> Response:
     await service.delete_price(session, actor=actor, price_id=price_id)
     return Response(status_code=204)
 

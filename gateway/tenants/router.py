@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request, Response
 
 from gateway.auth.deps import AdminActor, authenticator
+from gateway.bounds import Offset
 from gateway.db import DbSession
 from gateway.tenants import service
 from gateway.tenants.schemas import TenantCreate, TenantList, TenantOut, TenantUpdate
@@ -26,7 +27,7 @@ async def list_tenants(
     actor: AdminActor,
     session: DbSession,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> TenantList:
     tenants = await service.list_tenants(session, actor=actor, limit=limit, offset=offset)
     return TenantList(data=[TenantOut.model_validate(t) for t in tenants])

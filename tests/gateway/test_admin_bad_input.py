@@ -99,3 +99,31 @@ async def test_oversize_body_is_413(client: httpx.AsyncClient, admin_headers: di
     error = assert_error(await client.post("/admin/tenants", content=chunks(), headers=headers), 413)
     assert "1024" in error["message"]
     assert (await client.get("/admin/tenants", headers=admin_headers)).json()["data"] == []
+
+
+async def test_values_the_database_cannot_hold_are_400s_not_500s(
+    client: httpx.AsyncClient, admin_headers: dict[str, str]
+) -> None:
+    """What schemathesis found (issue 18, defect 4): a NUL character, integers past their column."""
+    tenant = await client.post("/admin/tenants", json={"name": "bounds"}, headers=admin_headers)
+    if tenant.status_code == 409:  # the test database is shared by the session
+        tenants = (await client.get("/admin/tenants?limit=1000", headers=admin_headers)).json()["data"]
+        tenant_id = next(t["id"] for t in tenants if t["name"] == "bounds")
+    else:
+        tenant_id = tenant.json()["id"]
+    responses = {
+        "NUL in a query": await client.get("/admin/prices?model=%F0%97%A9%B9%00%0C6", headers=admin_headers),
+        "NUL in a body": await client.post("/admin/tenants", json={"name": "a\x00b"}, headers=admin_headers),
+        "int32 overflow": await client.put(
+            f"/admin/limits/tenants/{tenant_id}", json={"tpm_limit": 14197686824}, headers=admin_headers
+        ),
+        "huge offset": await client.get(
+            "/admin/keys?limit=889&offset=6295881734304937115826257920", headers=admin_headers
+        ),
+        "huge id": await client.delete("/admin/prices/99999999999999999999", headers=admin_headers),
+    }
+    for case, response in responses.items():
+        assert response.status_code in (400, 422), (case, response.text)
+        assert_error(response, response.status_code)
+    assert responses["int32 overflow"].json()["error"]["param"] == "tpm_limit"
+    assert responses["huge offset"].json()["error"]["param"] == "offset"
