@@ -22,6 +22,7 @@ from gateway.errors import install_error_handlers
 from gateway.keys.router import router as keys_router
 from gateway.limits.router import router as limits_router
 from gateway.logging import configure_logging
+from gateway.openapi import install_openapi
 from gateway.ops.middleware import RequestContextMiddleware
 from gateway.ops.router import router as ops_router
 from gateway.proxy.router import generate_routes
@@ -103,4 +104,5 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     app.include_router(reports_admin_router)  # /admin/prices, /admin/reports
     app.include_router(usage_public_router)  # /v1/usage
     include_console(app)  # /ui/ (and / redirecting there)
+    install_openapi(app)  # /openapi.json, complete: the direct-lane routes too
     return app

@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 
 from gateway.exceptions import Conflict, DomainError, Forbidden, InvalidInput, NotFound
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
@@ -69,6 +70,16 @@ def domain_error_response(exc: DomainError) -> Response:
     )
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path: Starlette's 405 names only the first route's.
+    HEAD, which Starlette adds to every GET, is left out, as the OpenAPI document leaves it out."""
+    methods: set[str] = set()
+    for route in request.app.routes:
+        if isinstance(route, Route) and route.methods and route.path_regex.match(request.url.path):
+            methods |= route.methods
+    return sorted(methods - {"HEAD"})
+
+
 def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     return describe_validation_errors(list(exc.errors()))
 
@@ -96,14 +107,19 @@ def install_error_handlers(app: FastAPI) -> None:
         return OpenAIError(500, "Internal server error.", type="server_error").response()
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        errors = list(exc.errors())
+        if errors and errors[0].get("loc", ("",))[0] == "path":
+            # A malformed id in the path (/admin/tenants/None) names nothing: 404, like an unknown one.
+            return json_response(error_body(f"Nothing at {request.url.path}.", status=404), status=404)
         message, param = _validation_message(exc)
         return json_response(error_body(message, status=400, param=param), status=400)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        headers = {k.lower(): v for k, v in (getattr(exc, "headers", None) or {}).items()}
+        if exc.status_code == 405:
+            headers["allow"] = ", ".join(allowed_methods(request))
         return json_response(
-            error_body(str(exc.detail), status=exc.status_code),
-            status=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            error_body(str(exc.detail), status=exc.status_code), status=exc.status_code, headers=headers
         )

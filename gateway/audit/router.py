@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -11,6 +10,7 @@ from fastapi import APIRouter, Query
 from gateway.audit import service
 from gateway.audit.schemas import AuditEntryOut, AuditList
 from gateway.auth.deps import AdminActor
+from gateway.bounds import Filter, IsoDateTime
 from gateway.db import DbSession
 
 router = APIRouter(prefix="/admin/audit", tags=["admin: audit"])
@@ -20,12 +20,12 @@ router = APIRouter(prefix="/admin/audit", tags=["admin: audit"])
 async def list_audit(
     actor: AdminActor,
     session: DbSession,
-    action: str | None = None,
-    object_type: str | None = None,
-    object_id: str | None = None,
+    action: Filter | None = None,
+    object_type: Filter | None = None,
+    object_id: Filter | None = None,
     actor_key_id: Annotated[uuid.UUID | None, Query(alias="actor")] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: IsoDateTime | None = None,
+    until: IsoDateTime | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> AuditList:
     entries = await service.list_entries(

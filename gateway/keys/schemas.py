@@ -2,21 +2,30 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
-KeyName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-ModelName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
-Limit = Annotated[int, Field(ge=1, le=2**31 - 1)]
-Budget = Annotated[int, Field(ge=0, le=2**63 - 1)]
+from gateway.bounds import INT32_MAX, Int64, IsoAwareDateTime, Name, json_int
+
+KeyName = Name
+ModelName = Name
+Limit = json_int(ge=1, le=INT32_MAX)
 MAX_GRACE_SECONDS = 30 * 24 * 3600
 
 
 class KeyCreate(BaseModel):
     """``tenant_id`` is required for inference keys; an admin key without one is platform-wide."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        # What the service checks, said in the document (a tenant admin's own tenant is implied).
+        json_schema_extra={
+            "if": {"properties": {"kind": {"const": "inference"}}},
+            "then": {"required": ["tenant_id"], "properties": {"tenant_id": {"type": "string"}}},
+        },
+    )
 
     tenant_id: uuid.UUID | None = None
     name: KeyName
@@ -25,8 +34,8 @@ class KeyCreate(BaseModel):
     rpm_limit: Limit | None = None
     tpm_limit: Limit | None = None
     max_concurrency: Limit | None = None
-    monthly_token_budget: Budget | None = None
-    expires_at: AwareDatetime | None = None
+    monthly_token_budget: Int64 | None = None
+    expires_at: IsoAwareDateTime | None = None
 
 
 class KeyUpdate(BaseModel):
@@ -34,19 +43,19 @@ class KeyUpdate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: KeyName | None = None
+    name: KeyName | SkipJsonSchema[None] = None  # absent: unchanged; null is refused
     models: list[ModelName] | None = None
     rpm_limit: Limit | None = None
     tpm_limit: Limit | None = None
     max_concurrency: Limit | None = None
-    monthly_token_budget: Budget | None = None
-    expires_at: AwareDatetime | None = None
+    monthly_token_budget: Int64 | None = None
+    expires_at: IsoAwareDateTime | None = None
 
 
 class KeyRotate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    grace_seconds: int = Field(0, ge=0, le=MAX_GRACE_SECONDS)
+    grace_seconds: json_int(ge=0, le=MAX_GRACE_SECONDS) = 0  # type: ignore[valid-type]
 
 
 class KeyOut(BaseModel):

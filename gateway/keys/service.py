@@ -37,11 +37,6 @@ def _audit(session: AsyncSession, *, key: ApiKey, **change: Any) -> None:
     record(session, tenant_id=key.tenant_id, object_type="api_key", object_id=key.id, **change)
 
 
-def _check_not_past(expires_at: datetime | None) -> None:
-    if expires_at is not None and expires_at <= datetime.now(UTC):
-        raise InvalidInput("expires_at must be in the future.", param="expires_at")
-
-
 async def _resolve_tenant(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID | None, kind: str):
     """The tenant a new key belongs to, after checking the actor may create keys there."""
     if not actor.is_platform:
@@ -89,7 +84,6 @@ async def create_key(
     expires_at: datetime | None = None,
 ) -> tuple[ApiKey, str]:
     """Returns the row and the plaintext key, which the caller shows once and forgets."""
-    _check_not_past(expires_at)
     tenant = await _resolve_tenant(session, actor=actor, tenant_id=tenant_id, kind=kind)
     key, plaintext = _insert_key(
         session,
@@ -168,7 +162,6 @@ async def update_key(
     key = await get_key(session, actor=actor, key_id=key_id)
     if "expires_at" in changes:
         _refuse_if_protected(key, protected_hash)
-        _check_not_past(changes["expires_at"])
     before = snapshot(key)
     for field, value in changes.items():
         setattr(key, field, value)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.bounds import Int32, Int64
+from gateway.bounds import Int32, Int64, Name, money
 from gateway.limits.config import FailurePolicy
 
 NANO = Decimal(10) ** 9
@@ -150,6 +150,10 @@ def rate_limit_headers(requests: WindowState | None, tokens: WindowState | None)
 # ---------------------------------------------------------------- admin API bodies
 
 
+Spend = money(max_digits=20, decimal_places=6)
+"""A monthly spend budget, in the prices' currency (``Numeric(20, 6)``)."""
+
+
 class ModelLimit(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -167,8 +171,8 @@ class TenantLimitsBody(BaseModel):
     tpm_limit: Int32 | None = None
     max_concurrency: Int32 | None = None
     monthly_token_budget: Int64 | None = None
-    monthly_spend_budget: Decimal | None = Field(None, ge=0, max_digits=20, decimal_places=6)
-    model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
+    monthly_spend_budget: Spend | None = None
+    model_limits: dict[Name, ModelLimit] = Field(default_factory=dict)
 
 
 class KeyLimitsBody(BaseModel):
@@ -176,9 +180,9 @@ class KeyLimitsBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    monthly_spend_budget: Decimal | None = Field(None, ge=0, max_digits=20, decimal_places=6)
+    monthly_spend_budget: Spend | None = None
     failure_policy: FailurePolicy | None = Field(None, description="null: the gateway's default")
-    model_limits: dict[str, ModelLimit] = Field(default_factory=dict)
+    model_limits: dict[Name, ModelLimit] = Field(default_factory=dict)
 
 
 class TenantLimitsOut(TenantLimitsBody):

@@ -62,7 +62,7 @@ async def _check(name: str, probe, request: Request) -> bool:
         return False
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses={503: {"description": "Not ready: the checks say which part is down"}})
 async def readyz(request: Request) -> JSONResponse:
     """200 only when the database, Redis and at least one engine all answer."""
     probes = {"database": _database_ok, "redis": _redis_ok, "engine": _engine_ok}
@@ -75,6 +75,10 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({**body, "checks": checks}, status_code=503)
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+)
 async def metrics() -> Response:
     return Response(exposition(), media_type=CONTENT_TYPE_LATEST)

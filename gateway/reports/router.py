@@ -12,9 +12,10 @@ from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Response
+from pydantic import StringConstraints
 
 from gateway.auth.deps import AdminActor, InferenceKey
-from gateway.bounds import RowId
+from gateway.bounds import Filter, IsoDate, Month, RowId
 from gateway.db import DbSession
 from gateway.errors import OpenAIError
 from gateway.reports import service
@@ -32,7 +33,7 @@ async def create_price(body: PriceCreate, actor: AdminActor, session: DbSession)
 
 
 @admin_router.get("/admin/prices")
-async def list_prices(_: AdminActor, session: DbSession, model: str | None = None) -> PriceList:
+async def list_prices(_: AdminActor, session: DbSession, model: Filter | None = None) -> PriceList:
     prices = await service.list_prices(session, model=model)
     return PriceList(data=[PriceOut.model_validate(p) for p in prices])
 
@@ -41,6 +42,13 @@ async def list_prices(_: AdminActor, session: DbSession, model: str | None = Non
 async def delete_price(price_id: RowId, actor: AdminActor, session: DbSession) -> Response:
     await service.delete_price(session, actor=actor, price_id=price_id)
     return Response(status_code=204)
+
+
+_GROUP = "(" + "|".join(GROUP_FIELDS) + ")"
+GroupByQuery = Annotated[
+    list[Annotated[str, StringConstraints(pattern=f"^{_GROUP}(,{_GROUP})*$")]],
+    Query(description="day, model, key, tenant: repeated or comma-separated"),
+]
 
 
 def parse_group_by(values: list[str]) -> list[str]:
@@ -58,6 +66,17 @@ def parse_group_by(values: list[str]) -> list[str]:
             if part not in groups:
                 groups.append(part)
     return groups
+
+
+REPORT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The report: JSON, or CSV with format=csv",
+        "content": {
+            "application/json": {"schema": {"type": "object"}},
+            "text/csv": {"schema": {"type": "string"}},
+        },
+    }
+}
 
 
 def render(report: dict[str, Any], *, groups: list[str], fmt: Format) -> Response | dict[str, Any]:
@@ -90,8 +109,7 @@ async def _report(
     today = datetime.now(UTC).date()
     start = start or today.replace(day=1)
     end = end or today
-    if end < start:
-        raise OpenAIError(400, "'to' must not be before 'from'.", param="to")
+    # 'to' before 'from' is an empty range: an empty report, not an error.
     groups = parse_group_by(group_by)
     report = await service.usage_report(
         session, start=start, end=end, group_by=groups, tenant_id=tenant, key_id=key, model=model
@@ -99,20 +117,20 @@ async def _report(
     return render(report, groups=groups, fmt=fmt)
 
 
-@admin_router.get("/admin/reports/usage", response_model=None)
+@admin_router.get("/admin/reports/usage", response_model=None, responses=REPORT_RESPONSES)
 async def admin_usage_report(
     actor: AdminActor,
     session: DbSession,
     start: Annotated[
-        date | None, Query(alias="from", description="first UTC day (default: month start)")
+        IsoDate | None, Query(alias="from", description="first UTC day (default: month start)")
     ] = None,
     end: Annotated[
-        date | None, Query(alias="to", description="last UTC day, included (default: today)")
+        IsoDate | None, Query(alias="to", description="last UTC day, included (default: today)")
     ] = None,
     tenant: uuid.UUID | None = None,
     key: uuid.UUID | None = None,
-    model: str | None = None,
-    group_by: Annotated[list[str], Query()] = ["day"],  # noqa: B006 (FastAPI copies defaults)
+    model: Filter | None = None,
+    group_by: GroupByQuery = ["day"],  # noqa: B006 (FastAPI copies defaults)
     fmt: Annotated[Format, Query(alias="format")] = "json",
 ) -> Response | dict[str, Any]:
     if not actor.is_platform:
@@ -127,7 +145,7 @@ async def admin_usage_report(
 
 
 @admin_router.get("/admin/reports/billing")
-async def admin_billing(actor: AdminActor, session: DbSession, tenant: uuid.UUID, month: str) -> Bill:
+async def admin_billing(actor: AdminActor, session: DbSession, tenant: uuid.UUID, month: Month) -> Bill:
     if not actor.is_platform and tenant != actor.tenant_id:
         raise OpenAIError(
             403, "A tenant-scoped admin key can only read its own tenant's bill.", param="tenant"
@@ -135,15 +153,15 @@ async def admin_billing(actor: AdminActor, session: DbSession, tenant: uuid.UUID
     return await service.monthly_bill(session, tenant_id=tenant, month=service.parse_month(month))
 
 
-@public_router.get("/v1/usage", response_model=None)
+@public_router.get("/v1/usage", response_model=None, responses=REPORT_RESPONSES)
 async def own_usage(
     key: InferenceKey,
     session: DbSession,
-    start: Annotated[date | None, Query(alias="from")] = None,
-    end: Annotated[date | None, Query(alias="to")] = None,
+    start: Annotated[IsoDate | None, Query(alias="from")] = None,
+    end: Annotated[IsoDate | None, Query(alias="to")] = None,
     key_id: Annotated[uuid.UUID | None, Query(alias="key")] = None,
-    model: str | None = None,
-    group_by: Annotated[list[str], Query()] = ["day"],  # noqa: B006
+    model: Filter | None = None,
+    group_by: GroupByQuery = ["day"],  # noqa: B006
     fmt: Annotated[Format, Query(alias="format")] = "json",
 ) -> Response | dict[str, Any]:
     """The calling key's tenant only; ``group_by=tenant`` is allowed but shows just that tenant."""

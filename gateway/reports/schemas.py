@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from gateway.bounds import IsoDate, Name, money
 from gateway.reports.pricing import money_str
 
 GroupBy = Literal["day", "model", "key", "tenant"]
@@ -24,19 +25,18 @@ METRICS = (
     "cost",
 )
 
-PriceValue = Decimal  # JSON numbers and strings both accepted; stored as Numeric(20, 10)
+PriceValue = money(max_digits=20, decimal_places=10)
+"""Per million tokens: a JSON number or a decimal string, stored as ``Numeric(20, 10)``."""
 
 
 class PriceCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(min_length=1, max_length=200)
-    effective_from: date | None = Field(None, description="UTC day the price starts; default today")
-    prompt_per_mtok: PriceValue = Field(ge=0, max_digits=20, decimal_places=10)
-    cached_prompt_per_mtok: PriceValue | None = Field(
-        None, ge=0, max_digits=20, decimal_places=10, description="default: the prompt price"
-    )
-    completion_per_mtok: PriceValue = Field(ge=0, max_digits=20, decimal_places=10)
+    model: Name
+    effective_from: IsoDate | None = Field(None, description="UTC day the price starts; default today")
+    prompt_per_mtok: PriceValue
+    cached_prompt_per_mtok: PriceValue | None = Field(None, description="default: the prompt price")
+    completion_per_mtok: PriceValue
 
 
 class PriceOut(BaseModel):

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import BaseModel, ConfigDict
 
-TenantName = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+from gateway.bounds import Name
+
+TenantName = Name
 TenantStatus = Literal["active", "suspended"]
 
 

@@ -12,7 +12,7 @@ never silently gets something other than what it asked for.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -20,9 +20,11 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors
@@ -56,8 +58,21 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+StopText = Annotated[str, Field(min_length=1)]
+
+# The cross-field rules the validators below enforce, said in the JSON schema (the OpenAPI document).
+_STREAM_OPTIONS_RULE: JsonDict = {
+    "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
+}
+_TOP_LOGPROBS_RULE: JsonDict = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE]})
 
     model: str = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -66,7 +81,7 @@ class _Request(BaseModel):
     n: int = Field(default=1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: StopText | list[StopText] | None = None
     seed: int | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
@@ -77,10 +92,11 @@ class _Request(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
 
-    @field_validator("stop")
+    @field_validator("stop", mode="before")
     @classmethod
-    def _non_empty_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
-        stops = [stop] if isinstance(stop, str) else stop or []
+    def _non_empty_stops(cls, stop: Any) -> Any:
+        """Before the type's own check, for a message that says what is wrong."""
+        stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
         if any(s == "" for s in stops):
             raise ValueError("stop sequences must be non-empty strings")
         return stop
@@ -186,6 +202,10 @@ class ChatMessageIn(BaseModel):
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE]}
+    )
+
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
@@ -241,10 +261,25 @@ class ChatCompletionRequest(_Request):
         )
 
 
+_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+PROMPT_SCHEMA: dict[str, Any] = {
+    "description": "One prompt: text or token ids (a list of one prompt is accepted too)",
+    "anyOf": [
+        {"type": "string", "minLength": 1},
+        _TOKEN_IDS,
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+        {"type": "array", "items": _TOKEN_IDS, "minItems": 1, "maxItems": 1},
+    ],
+}
+"""What ``prompt`` accepts, exactly; pydantic's own schema would not say "not empty" or "one"."""
+
+
 class CompletionRequest(_Request):
     """``POST /v1/completions`` (one prompt per request: text or token ids)."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
+    prompt: Annotated[
+        str | list[int] | list[str] | list[list[int]], WithJsonSchema(PROMPT_SCHEMA, mode="validation")
+    ]
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
     @model_validator(mode="before")

@@ -174,7 +174,7 @@ async def test_filters_and_csv(client: httpx.AsyncClient, admin_headers: dict[st
     assert sum(Decimal(row["cost"]) for row in rows) == sum((cost_of(r) for r in mine), Decimal(0))
 
     bad = await client.get("/admin/reports/usage", params={"group_by": "week"}, headers=admin_headers)
-    assert bad.status_code == 400 and bad.json()["error"]["param"] == "group_by"
+    assert bad.status_code == 400 and bad.json()["error"]["param"].startswith("group_by")
 
 
 async def test_bola_no_tenant_sees_another_tenants_usage(
