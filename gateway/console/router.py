@@ -1,4 +1,4 @@
-"""The web console: static files under ``/ui/`` and ``/`` redirecting there.
+"""The web console: static files under ``/ui/`` and ``/`` redirecting there; ``/docs``, the API docs.
 
 The console is a few ES modules that call the public admin and ``/v1`` APIs with the key the user
 signs in with; the server only hands out files. Every file goes out with a strict
@@ -34,6 +34,12 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 async def root() -> RedirectResponse:
     return RedirectResponse("/ui/", status_code=307)
+
+
+@router.get("/docs")
+async def api_docs() -> RedirectResponse:
+    """Interactive docs for /openapi.json: Swagger UI, vendored under static/docs/ (no CDN)."""
+    return RedirectResponse("/ui/docs/", status_code=307)
 
 
 class ConsoleFiles(StaticFiles):

@@ -14,9 +14,16 @@ from gateway.db import DbSession
 from gateway.keys import service
 from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.format import hash_key
-from gateway.keys.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate
+from gateway.keys.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate, KeyWritten
+from protocol.rpc import ModelInfo
 
 router = APIRouter(prefix="/admin/keys", tags=["admin: keys"])
+
+
+class ModelCatalog(Protocol):
+    """What the key routes ask of the engine pool: the models served now."""
+
+    def models(self) -> list[ModelInfo]: ...
 
 
 class KeysState(Protocol):
@@ -24,6 +31,7 @@ class KeysState(Protocol):
 
     settings: Settings
     key_authenticator: KeyAuthenticator
+    engine_pool: ModelCatalog
 
 
 def _state(request: Request) -> KeysState:
@@ -47,16 +55,21 @@ def _authenticator(request: Request) -> KeyAuthenticator:
     return _state(request).key_authenticator
 
 
-def _created(key, plaintext: str) -> KeyCreated:
-    return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=plaintext)
+def _created(key, plaintext: str, warnings: list[str] | None = None) -> KeyCreated:
+    return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=plaintext, warnings=warnings or [])
+
+
+def _canonical_models(request: Request, models: list[str]) -> tuple[list[str], list[str]]:
+    served = [model.id for model in _state(request).engine_pool.models()]
+    return service.canonical_models(models, served=served)
 
 
 @router.post("", status_code=201)
 async def create_key(body: KeyCreate, actor: AdminActor, session: DbSession, request: Request) -> KeyCreated:
-    key, plaintext = await service.create_key(
-        session, actor=actor, secret=_secret(request), **body.model_dump()
-    )
-    return _created(key, plaintext)
+    fields = body.model_dump()
+    fields["models"], warnings = _canonical_models(request, fields["models"])
+    key, plaintext = await service.create_key(session, actor=actor, secret=_secret(request), **fields)
+    return _created(key, plaintext, warnings)
 
 
 @router.get("")
@@ -89,13 +102,16 @@ async def get_key(key_id: uuid.UUID, actor: AdminActor, session: DbSession) -> K
 @router.patch("/{key_id}")
 async def update_key(
     key_id: uuid.UUID, body: KeyUpdate, actor: AdminActor, session: DbSession, request: Request
-) -> KeyOut:
+) -> KeyWritten:
     changes = body.model_dump(include=body.model_fields_set)
+    warnings: list[str] = []
+    if changes.get("models"):
+        changes["models"], warnings = _canonical_models(request, changes["models"])
     key = await service.update_key(
         session, actor=actor, key_id=key_id, changes=changes, protected_hash=_bootstrap_hash(request)
     )
     _authenticator(request).forget(key.secret_hash)
-    return KeyOut.model_validate(key)
+    return KeyWritten(**KeyOut.model_validate(key).model_dump(), warnings=warnings)
 
 
 @router.post("/{key_id}/revoke")

@@ -80,7 +80,15 @@ class KeyOut(BaseModel):
     rotated_from: uuid.UUID | None
 
 
-class KeyCreated(KeyOut):
+class KeyWritten(KeyOut):
+    """The update response: the key, and what may not do what was meant."""
+
+    warnings: list[str] = Field(
+        default_factory=list, description="e.g. a model in 'models' that no engine serves now"
+    )
+
+
+class KeyCreated(KeyWritten):
     """The create and rotate responses: the only time the secret ``key`` is ever shown."""
 
     key: str

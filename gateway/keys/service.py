@@ -8,6 +8,7 @@ keys outside its reach answer 404 so their existence is not revealed.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -135,6 +136,25 @@ async def list_keys(
     if not include_revoked:
         query = query.where(ApiKey.revoked_at.is_(None))
     return list((await session.scalars(query)).all())
+
+
+def canonical_models(requested: Sequence[str], *, served: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The key's model list spelled as ``/v1/models`` lists them, and a warning for each that no
+    engine serves now (engines may be down, or a model not deployed yet: kept, not refused).
+
+    Model ids are case-sensitive on the wire, so "smollm2-135m-instruct" for a served
+    "SmolLM2-135M-Instruct" would make a key that can use nothing."""
+    by_folded = {name.casefold(): name for name in served}
+    models: list[str] = []
+    warnings: list[str] = []
+    for name in requested:
+        canonical = by_folded.get(name.casefold())
+        if canonical is None:
+            warnings.append(
+                f"No engine serves a model named {name!r} now (served: {', '.join(served) or 'none'})."
+            )
+        models.append(canonical or name)
+    return list(dict.fromkeys(models)), warnings
 
 
 def _refuse_if_protected(key: ApiKey, protected_hash: str | None) -> None:

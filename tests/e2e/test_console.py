@@ -400,3 +400,13 @@ def test_limits_and_prices_show_api_errors_next_to_their_fields(
     prices.get_by_label("Prompt price per 1M tokens", exact=True).fill("0.5")
     prices.get_by_role("button", name="Add price").click()
     expect(row(page, "console-model")).to_contain_text("0.5")
+
+
+def test_api_docs_render_the_openapi_document(page: Page, stack: RunningStack) -> None:
+    """/docs: Swagger UI (vendored, under the console's CSP) showing the whole API, the direct-lane
+    generation routes included, with an Authorize button for a bearer key (issue 18, defect 5)."""
+    page.goto("/docs")
+    expect(page).to_have_url(f"{stack.url}/ui/docs/")
+    for path in ("/v1/chat/completions", "/v1/completions", "/admin/tenants", "/admin/keys/{key_id}/revoke"):
+        expect(page.get_by_text(path, exact=True).first).to_be_visible()
+    expect(page.get_by_role("button", name="Authorize")).to_be_visible()

@@ -170,3 +170,36 @@ async def test_bootstrap_admin_key_cannot_revoke_rotate_or_expire_itself(
     other = await client.post("/admin/keys", json={"name": "second", "kind": "admin"}, headers=admin_headers)
     revoked = await client.post(f"/admin/keys/{other.json()['id']}/revoke", headers=admin_headers)
     assert revoked.status_code == 200 and revoked.json()["revoked_at"]
+
+
+@pytest.mark.fake_engines(count=1)
+async def test_key_models_are_spelled_as_served_and_unknown_ones_warned(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+) -> None:
+    """Model ids are case-sensitive on the wire: a key for "FAKE-MODEL" must still be able to use the
+    served "fake-model" (issue 18, defect 10), and a model no engine serves is said, not silent."""
+    await wait_for_models(client, admin_headers)
+    tenant, _, key_id = await create_tenant_and_key()
+    body = {"tenant_id": tenant["id"], "name": "k", "kind": "inference", "models": ["FAKE-MODEL", "gpt-4o"]}
+    created = await client.post("/admin/keys", json=body, headers=admin_headers)
+    assert created.status_code == 201, created.text
+    assert created.json()["models"] == ["fake-model", "gpt-4o"]
+    [warning] = created.json()["warnings"]
+    assert "'gpt-4o'" in warning and "fake-model" in warning
+    chat = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+    answered = await client.post("/v1/chat/completions", json=chat, headers=bearer(created.json()["key"]))
+    assert answered.status_code == 200, answered.text
+    patched = await client.patch(
+        f"/admin/keys/{key_id}", json={"models": ["Fake-Model"]}, headers=admin_headers
+    )
+    assert patched.json()["models"] == ["fake-model"] and patched.json()["warnings"] == []
+
+
+async def wait_for_models(client: httpx.AsyncClient, admin_headers: dict[str, str]) -> None:
+    """Until the engine pool's first health probe has listed the fake engine's model."""
+    for _ in range(100):
+        engines = (await client.get("/admin/engines", headers=admin_headers)).json()["data"]
+        if any(e["healthy"] and e["models"] for e in engines):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the fake engine never became healthy")
