@@ -6,8 +6,8 @@ Routes are labelled by their template (``/admin/keys/{key_id}``), never the raw 
 With several worker processes (``tern gateway --workers N``) each worker counts in its own memory,
 and a scrape would see only the worker that answered it. prometheus-client's multiprocess mode
 fixes that: with ``PROMETHEUS_MULTIPROC_DIR`` set before the workers start, every worker writes its
-values to files there and ``/metrics`` sums them. Only counters and histograms are used here, which
-that mode sums without extra settings.
+values to files there and ``/metrics`` sums them. Counters and histograms are summed as they are;
+each gauge names how workers' values combine (``multiprocess_mode``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -56,6 +56,38 @@ UPSTREAM_TIME_TO_FIRST_TOKEN = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+TOKENS = Counter(
+    "tern_tokens_total",
+    "Tokens metered, by tenant, model and kind (prompt, cached: the prompt tokens served from the "
+    "prefix cache, completion); what the usage rows say, counted as the requests finish.",
+    ["tenant", "model", "kind"],
+    registry=REGISTRY,
+)
+LIMIT_REFUSALS = Counter(
+    "tern_limit_refusals_total",
+    "Requests refused by the limits before any engine work, by the limit that refused them "
+    "(rpm, tpm, tpm_too_large, concurrency, token_budget, spend_budget, limiter_unavailable).",
+    ["limit"],
+    registry=REGISTRY,
+)
+USAGE_QUEUE = Gauge(
+    "tern_usage_queue_records",
+    "Usage records waiting in this process's buffer for the next write to Postgres.",
+    registry=REGISTRY,
+    multiprocess_mode="livesum",
+)
+USAGE_FLUSH_ERRORS = Counter(
+    "tern_usage_flush_errors_total",
+    "Usage batches Postgres did not take (spooled to disk, replayed later).",
+    registry=REGISTRY,
+)
+ENGINE_HEALTHY = Gauge(
+    "tern_engine_healthy",
+    "1 while an engine is in the rotation, 0 while it is out (as the last health probe found).",
+    ["engine"],
+    registry=REGISTRY,
+    multiprocess_mode="livemin",
+)
 
 
 class Children(Generic[M]):
@@ -78,6 +110,8 @@ requests_by = Children(REQUESTS)
 request_latency_by = Children(REQUEST_LATENCY)
 upstream_latency_by = Children(UPSTREAM_LATENCY)
 upstream_ttft_by = Children(UPSTREAM_TIME_TO_FIRST_TOKEN)
+limit_refusals_by = Children(LIMIT_REFUSALS)
+engine_healthy_by = Children(ENGINE_HEALTHY)
 
 
 def exposition() -> bytes:

@@ -33,6 +33,7 @@ from gateway.limits.schemas import (
     to_nano,
 )
 from gateway.limits.script_batch import ScriptBatcher
+from gateway.metrics import limit_refusals_by
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class RateLimiter:
             except REDIS_DOWN_ERRORS as exc:
                 self._mark_redis_down(exc)
         if limits.failure_policy == "closed":
+            limit_refusals_by("limiter_unavailable").inc()
             raise OpenAIError(
                 503,
                 "Rate limiting is temporarily unavailable and this API key is configured to fail closed; "
@@ -200,6 +202,7 @@ class RateLimiter:
             self._raise_denial(denial, admission, now)
 
     def _raise_denial(self, denial: Denial, admission: Admission, now: datetime) -> None:
+        limit_refusals_by(denial.reason).inc()
         scope, reserve = denial.scope, admission.reserved_tokens
         retry = retry_after_seconds(denial.retry_after_ms)
         if denial.reason in ("rpm", "tpm"):

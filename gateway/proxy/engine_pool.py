@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from gateway.metrics import engine_healthy_by
 from protocol.rpc import HEALTH_PATH, MODELS_PATH, HealthResponse, ModelInfo, ModelList
 
 log = logging.getLogger(__name__)
@@ -128,6 +129,7 @@ class EnginePool:
         upstream.model_ids = frozenset(m.id for m in models)
         upstream.healthy = True
         upstream.last_error = None
+        engine_healthy_by(upstream.url).set(1)
 
     def mark_unhealthy(self, upstream: Upstream, reason: str) -> None:
         """Take an engine out of the rotation until a probe succeeds again."""
@@ -135,6 +137,7 @@ class EnginePool:
             log.warning("engine %s left the rotation: %s", upstream.url, reason)
         upstream.healthy = False
         upstream.last_error = reason
+        engine_healthy_by(upstream.url).set(0)
 
     async def any_healthy(self) -> bool:
         """For ``/readyz``: is at least one engine in the rotation (as of the last probe)?"""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from gateway.metrics import TOKENS
 from gateway.proxy.outcome import RelayOutcome
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.schemas import UsageRecord
@@ -42,3 +43,15 @@ class UsageHook:
         record = record_from_outcome(outcome)
         if record is not None:
             self.recorder.record(record)
+            count_tokens(record)
+
+
+def count_tokens(record: UsageRecord) -> None:
+    """``tern_tokens_total``, from the same numbers as the usage row (cached is part of prompt)."""
+    for kind, tokens in (
+        ("prompt", record.prompt_tokens),
+        ("cached", record.cached_tokens),
+        ("completion", record.completion_tokens),
+    ):
+        if tokens:
+            TOKENS.labels(record.tenant_id, record.model, kind).inc(tokens)

@@ -18,6 +18,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.metrics import USAGE_FLUSH_ERRORS, USAGE_QUEUE
 from gateway.usage.config import UsageSettings
 from gateway.usage.partitions import maintain
 from gateway.usage.schemas import UsageRecord
@@ -46,6 +47,7 @@ class UsageRecorder:
     def record(self, record: UsageRecord) -> None:
         """Queue one request's usage. Never awaits, so a cancelled request's cleanup cannot skip it."""
         self._buffer.append(record)
+        USAGE_QUEUE.inc()
         if len(self._buffer) >= self.settings.batch_size:
             self._wake.set()
 
@@ -75,6 +77,7 @@ class UsageRecorder:
         while self._buffer:
             if not await self.flush():  # Postgres is down: keep the rest on disk for the next start
                 rest, self._buffer = self._buffer, []
+                USAGE_QUEUE.dec(len(rest))
                 self.spool.write(rest)
         await self.replay()
 
@@ -87,9 +90,11 @@ class UsageRecorder:
             if not batch:
                 return True
             del self._buffer[: len(batch)]
+            USAGE_QUEUE.dec(len(batch))
             try:
                 self.flushed += await write_batch(self.engine, batch, known_months=self._known_months)
             except Exception as exc:
+                USAGE_FLUSH_ERRORS.inc()
                 self._known_months.clear()  # a partition may have been dropped meanwhile
                 path = self.spool.write(batch)
                 if self.postgres_ok:

@@ -156,3 +156,34 @@ async def test_monthly_spend_budget_with_402(
     denied = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
     assert denied.status_code == 402
     assert "monthly spend budget" in denied.json()["error"]["message"]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """A sample's value in the exposition text (0 when absent)."""
+    wanted = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{wanted}}} ") or (not labels and line.startswith(f"{name} ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_operator_metrics_tokens_refusals_usage_queue_and_engine_health(
+    app, client: httpx.AsyncClient, create_tenant_and_key, fake_engine: FakeEngine
+) -> None:
+    """The metrics operations.md promises (issue 18): tokens by tenant and model, refusals by limit,
+    the usage buffer, and each engine's health."""
+    tenant, key, _ = await create_tenant_and_key(rpm_limit=1)
+    before = (await client.get("/metrics")).text
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 200
+    assert (await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 429
+    await wait_for_usage_rows(app, 1)
+    after = (await client.get("/metrics")).text
+    tokens = {"tenant": tenant["id"], "model": "fake-model"}
+    assert metric(after, "tern_tokens_total", **tokens, kind="completion") == len(REPLY)
+    assert metric(after, "tern_tokens_total", **tokens, kind="prompt") == PROMPT_TOKENS
+    refused = metric(after, "tern_limit_refusals_total", limit="rpm") - metric(
+        before, "tern_limit_refusals_total", limit="rpm"
+    )
+    assert refused == 1
+    assert metric(after, "tern_usage_queue_records") == 0  # flushed
+    assert metric(after, "tern_engine_healthy", engine=fake_engine.url) == 1
