@@ -19,7 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth.identity import AuthenticatedKey
 from gateway.limits.config import FailurePolicy, LimitsSettings
 from gateway.limits.models import KeyLimits, TenantLimits
-from gateway.limits.schemas import RequestLimits, Scope
+from gateway.limits.schemas import ModelLimit, RequestLimits, Scope
 from gateway.ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
@@ -34,17 +34,18 @@ class _Rows:
 
 
 def _model_scope(kind: str, owner: str, label: str, model: str, model_limits: dict[str, Any]) -> Scope | None:
-    limits = model_limits.get(model)
-    if not limits:
+    stored = model_limits.get(model)
+    if not stored:
         return None
+    limits = ModelLimit.model_validate(stored)  # rows written under the old names read the same
     return Scope(
         kind=f"{kind}_model",  # type: ignore[arg-type]
         id=owner,
         label=f"{label} on model '{model}'",
         model=model,
-        rpm=limits.get("rpm"),
-        tpm=limits.get("tpm"),
-        concurrency=limits.get("concurrency"),
+        rpm=limits.rpm_limit,
+        tpm=limits.tpm_limit,
+        concurrency=limits.max_concurrency,
     )
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from gateway.bounds import Int32, Int64, Name, money
 from gateway.limits.config import FailurePolicy
@@ -155,11 +155,16 @@ Spend = money(max_digits=20, decimal_places=6)
 
 
 class ModelLimit(BaseModel):
+    """One model's limits, named as a tenant's and a key's are. ``rpm``, ``tpm`` and ``concurrency``,
+    the names this shipped with, are still accepted (and rows stored with them still read)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    rpm: Int32 | None = None
-    tpm: Int32 | None = None
-    concurrency: Int32 | None = None
+    rpm_limit: Int32 | None = Field(None, validation_alias=AliasChoices("rpm_limit", "rpm"))
+    tpm_limit: Int32 | None = Field(None, validation_alias=AliasChoices("tpm_limit", "tpm"))
+    max_concurrency: Int32 | None = Field(
+        None, validation_alias=AliasChoices("max_concurrency", "concurrency")
+    )
 
 
 class TenantLimitsBody(BaseModel):

@@ -380,16 +380,17 @@ def test_limits_and_prices_show_api_errors_next_to_their_fields(
     page.get_by_label("Tenant", exact=True).select_option(label=tenant)
     limits = page.get_by_role("form", name="Tenant limits")
     limits.get_by_label("Requests per minute").fill("100")
-    limits.get_by_label("Per-model limits (JSON)").fill('{"some-model": {"rpm": -1}}')
+    limits.get_by_label("Per-model limits (JSON)").fill('{"some-model": {"rpm_limit": -1}}')
     limits.get_by_role("button", name="Save tenant limits").click()
-    expect(limits.locator('[data-error-for="model_limits"]')).to_contain_text("rpm")
+    expect(limits.locator('[data-error-for="model_limits"]')).to_contain_text("rpm_limit")
     assert admin.get(f"/admin/limits/tenants/{tenant_id}").json()["rpm_limit"] is None  # nothing saved
 
+    # The old name ("rpm"), still accepted, saved under the new one.
     limits.get_by_label("Per-model limits (JSON)").fill('{"some-model": {"rpm": 10}}')
     limits.get_by_role("button", name="Save tenant limits").click()
     expect(limits.get_by_role("status")).to_have_text("Saved.")
     saved = admin.get(f"/admin/limits/tenants/{tenant_id}").json()
-    assert saved["rpm_limit"] == 100 and saved["model_limits"]["some-model"]["rpm"] == 10
+    assert saved["rpm_limit"] == 100 and saved["model_limits"]["some-model"]["rpm_limit"] == 10
 
     prices = page.get_by_role("form", name="Add price")
     prices.get_by_label("Model", exact=True).fill("console-model")

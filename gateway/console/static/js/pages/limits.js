@@ -19,7 +19,7 @@ function modelLimitsField(current) {
   const text = Object.keys(current || {}).length ? JSON.stringify(current, null, 1) : "";
   return field(
     "Per-model limits (JSON)",
-    h("textarea", { name: "model_limits", rows: 3, placeholder: '{"model-id": {"rpm": 60, "tpm": 10000}}' }, text),
+    h("textarea", { name: "model_limits", rows: 3, placeholder: '{"model-id": {"rpm_limit": 60, "tpm_limit": 10000}}' }, text),
     "rpm, tpm and concurrency per model; empty: none",
   );
 }
