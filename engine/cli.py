@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -75,23 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model,
-        device=args.device,
-        dtype=args.dtype,
-        block_size=args.block_size,
-        kv_cache_gib=args.kv_cache_gib,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_cache=args.enable_prefix_cache,
-        num_threads=args.num_threads,
-        served_model_name=args.served_model_name,
-        quant=args.quant,
-        pack_cpu_linears=args.pack_cpu_linears,
-    )
+    """Every ``EngineConfig`` field that has a flag of the same name (``--max-num-seqs`` ->
+    ``max_num_seqs``); the others keep their defaults."""
+    names = {field.name for field in dataclasses.fields(EngineConfig)}
+    return EngineConfig(**{name: value for name, value in vars(args).items() if name in names})
 
 
 PROBE_PATHS = frozenset({"/health", HEALTH_PATH, "/metrics"})
