@@ -64,12 +64,6 @@ class GatewayState:
     """Run with every finished /v1 request's outcome: limits settlement, then usage metering."""
 
     @property
-    def max_tokens_cap(self) -> int:
-        """``TERN_LIMITS_DEFAULT_MAX_TOKENS``: what a request without ``max_tokens`` gets, and the most
-        any request gets."""
-        return self.request_limiter.limiter.settings.default_max_tokens
-
-    @property
     def admitter(self) -> RequestLimiter:
         """What the proxy asks before any engine work (``proxy.outcome.Admitter``)."""
         return self.request_limiter

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -19,7 +18,7 @@ from gateway.auth.identity import AuthenticatedKey
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
-from gateway.proxy.outcome import RelayOutcome
+from gateway.proxy.outcome import Admitted, RelayOutcome
 from gateway.reports.pricing import PriceBook
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
@@ -61,21 +60,21 @@ class RequestLimiter:
         self.prices = prices
         self._inflight: dict[tuple[str, str], list[Admission]] = defaultdict(list)
 
-    async def admit(
-        self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str
-    ) -> Mapping[str, str]:
+    async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admitted:
         """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work; the
-        rate-limit headers for the response."""
+        rate-limit headers for the response and the request's ``max_tokens`` cap (the key's, else
+        its tenant's ``max_tokens`` setting, else ``TERN_LIMITS_DEFAULT_MAX_TOKENS``)."""
         limits = await self.policies.for_request(key=key, model=request.model)
+        cap = limits.max_tokens or self.limiter.settings.default_max_tokens
         reserve = reserve_tokens(
             prompt_tokens=estimate_prompt_tokens(request),
             max_tokens=requested_max_tokens(request),
             n=request.n,
-            default_max_tokens=self.limiter.settings.default_max_tokens,
+            default_max_tokens=cap,
         )
         admission = await self.limiter.admit(limits=limits, reserve=reserve)
         self._inflight[(request_id, str(key.key_id))].append(admission)
-        return admission.headers()
+        return Admitted(headers=admission.headers(), max_tokens=cap)
 
     def _take(self, request_id: str, key_id: str | None) -> Admission | None:
         waiting = self._inflight.get((request_id, str(key_id)))

@@ -29,6 +29,9 @@ class TenantLimits(Base):
     max_concurrency: Mapped[int | None] = mapped_column(Integer)
     monthly_token_budget: Mapped[int | None] = mapped_column(BigInteger)
     monthly_spend_budget: Mapped[Decimal | None] = mapped_column(MONEY)
+    max_tokens: Mapped[int | None] = mapped_column(
+        Integer, CheckConstraint("max_tokens >= 1", name="max_tokens")
+    )
     model_limits: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'"))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
@@ -36,7 +39,8 @@ class TenantLimits(Base):
 
 
 class KeyLimits(Base):
-    """A key's spend budget, Redis-outage policy and per-model limits (rpm/tpm/etc. live on api_keys)."""
+    """A key's spend budget, Redis-outage policy, max_tokens and per-model limits (rpm/tpm/etc. live on
+    api_keys)."""
 
     __tablename__ = "key_limits"
     __table_args__ = (CheckConstraint("failure_policy IN ('closed', 'open')", name="failure_policy"),)
@@ -46,6 +50,9 @@ class KeyLimits(Base):
     )
     monthly_spend_budget: Mapped[Decimal | None] = mapped_column(MONEY)
     failure_policy: Mapped[str | None] = mapped_column(Text)
+    max_tokens: Mapped[int | None] = mapped_column(
+        Integer, CheckConstraint("max_tokens >= 1", name="max_tokens")
+    )
     model_limits: Mapped[dict[str, Any]] = mapped_column(JSONB, nullable=False, server_default=text("'{}'"))
     updated_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()

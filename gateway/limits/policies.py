@@ -124,6 +124,12 @@ class LimitPolicies:
         policy: FailurePolicy = self.settings.failure_policy
         if rows.key is not None and rows.key.failure_policy in ("closed", "open"):
             policy = rows.key.failure_policy  # type: ignore[assignment]
+        max_tokens = next(
+            (row.max_tokens for row in (rows.key, rows.tenant) if row is not None and row.max_tokens),
+            None,
+        )
         return RequestLimits(
-            scopes=tuple(s for s in scopes if s is not None and s.is_limited), failure_policy=policy
+            scopes=tuple(s for s in scopes if s is not None and s.is_limited),
+            failure_policy=policy,
+            max_tokens=max_tokens,
         )

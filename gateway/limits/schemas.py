@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from gateway.bounds import Int32, Int64, Name, money
+from gateway.bounds import INT32_MAX, Int32, Int64, Name, json_int, money
 from gateway.limits.config import FailurePolicy
 
 NANO = Decimal(10) ** 9
@@ -76,6 +76,8 @@ class RequestLimits:
 
     scopes: tuple[Scope, ...]
     failure_policy: FailurePolicy
+    max_tokens: int | None = None
+    """The key's, else its tenant's ``max_tokens`` setting; None: the gateway's default."""
     _keys_by_month: dict[str, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
     _limit_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
 
@@ -150,6 +152,13 @@ def rate_limit_headers(requests: WindowState | None, tokens: WindowState | None)
 # ---------------------------------------------------------------- admin API bodies
 
 
+MaxTokens = Annotated[
+    json_int(ge=1, le=INT32_MAX),
+    Field(
+        description="The max_tokens a request without one gets, and the most any request gets; the key's "
+        "value wins over its tenant's; null: TERN_LIMITS_DEFAULT_MAX_TOKENS"
+    ),
+]
 Spend = money(max_digits=20, decimal_places=6)
 """A monthly spend budget, in the prices' currency (``Numeric(20, 6)``)."""
 
@@ -177,6 +186,7 @@ class TenantLimitsBody(BaseModel):
     max_concurrency: Int32 | None = None
     monthly_token_budget: Int64 | None = None
     monthly_spend_budget: Spend | None = None
+    max_tokens: MaxTokens | None = None
     model_limits: dict[Name, ModelLimit] = Field(default_factory=dict)
 
 
@@ -187,6 +197,7 @@ class KeyLimitsBody(BaseModel):
 
     monthly_spend_budget: Spend | None = None
     failure_policy: FailurePolicy | None = Field(None, description="null: the gateway's default")
+    max_tokens: MaxTokens | None = None
     model_limits: dict[Name, ModelLimit] = Field(default_factory=dict)
 
 

@@ -51,14 +51,21 @@ class RelayOutcome:
 CompletionHook = Callable[[RelayOutcome], Awaitable[None]]
 
 
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What an admission grants a request."""
+
+    headers: Mapping[str, str]
+    """Added to the response (the rate-limit headers)."""
+    max_tokens: int | None = None
+    """What the request's ``max_tokens`` is lowered to (or set to, when it has none); None: no cap."""
+
+
 class Admitter(Protocol):
     """Decides, before any engine work, whether a request may run (``gateway.limits.admission``)."""
 
-    async def admit(
-        self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str
-    ) -> Mapping[str, str]:
-        """Admit and return the headers to add to the response, or raise an ``OpenAIError``
-        (429, 402, 503)."""
+    async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admitted:
+        """Admit, or raise an ``OpenAIError`` (429, 402, 503)."""
         ...
 
     async def release(self, *, request_id: str, key_id: str) -> None:

@@ -8,7 +8,6 @@ dependency solving. They do the same checks, in the same order, with the same er
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Protocol
 
 from fastapi import APIRouter, Depends, Request
@@ -23,7 +22,7 @@ from gateway.config import Settings
 from gateway.errors import OpenAIError
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
-from gateway.proxy.outcome import Admitter, CompletionHook
+from gateway.proxy.outcome import Admitted, Admitter, CompletionHook
 from gateway.proxy.relay import RelayResponse
 from protocol.openai.errors import OpenAIRequestError
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, RequestT, parse_request
@@ -42,9 +41,6 @@ class ProxyState(Protocol):
 
     @property
     def admitter(self) -> Admitter | None: ...
-
-    @property
-    def max_tokens_cap(self) -> int | None: ...
 
 
 def proxy_state(scope: Scope) -> ProxyState:
@@ -115,7 +111,7 @@ class GenerateEndpoint:
             key=key, isolation=state.settings.prefix_cache_isolation
         )
 
-        async def dispatch(headers: Mapping[str, str]) -> RelayResponse:
+        async def dispatch(admitted: Admitted) -> RelayResponse:
             return await service.dispatch(
                 pool=state.engine_pool,
                 openai_request=openai_request,
@@ -124,8 +120,8 @@ class GenerateEndpoint:
                 request_id=request_id,
                 cache_namespace=cache_namespace,
                 hooks=state.completion_hooks,
-                max_tokens_cap=state.max_tokens_cap,
-                headers=headers,
+                max_tokens_cap=admitted.max_tokens,
+                headers=admitted.headers,
             )
 
         # Rate limits and budgets are checked before any engine work (gateway/limits).

@@ -12,7 +12,7 @@ from gateway.config import PrefixCacheIsolation
 from gateway.errors import OpenAIError
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
-from gateway.proxy.outcome import Admitter, CompletionHook, RelayOutcome
+from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome
 from gateway.proxy.relay import Relay, RelayResponse
 from protocol.openai.requests import OpenAIRequest
 from protocol.rpc import ModelList
@@ -58,7 +58,7 @@ async def dispatch(
     cache_namespace: str | None,
     hooks: Sequence[CompletionHook],
     headers: Mapping[str, str],
-    max_tokens_cap: int | None = None,
+    max_tokens_cap: int | None,
 ) -> RelayResponse:
     """Start the generation on an engine and return the response that relays it, with ``headers``.
 
@@ -98,18 +98,18 @@ async def admit_and_dispatch(
     key: AuthenticatedKey,
     openai_request: OpenAIRequest,
     request_id: str,
-    dispatch: Callable[[Mapping[str, str]], Awaitable[T]],
+    dispatch: Callable[[Admitted], Awaitable[T]],
 ) -> T:
-    """Admit under the limits, then ``dispatch(headers)`` with the headers the admission returned.
+    """Admit under the limits, then ``dispatch(admitted)`` (its headers, its max_tokens cap).
 
     A dispatch that fails releases the admission. Without an admitter (limits not wired) this is
-    just ``dispatch({})``.
+    just ``dispatch`` with no headers and no cap.
     """
     if admitter is None:
-        return await dispatch({})
-    headers = await admitter.admit(key=key, request=openai_request, request_id=request_id)
+        return await dispatch(Admitted(headers={}))
+    admitted = await admitter.admit(key=key, request=openai_request, request_id=request_id)
     try:
-        return await dispatch(headers)
+        return await dispatch(admitted)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await admitter.release(request_id=request_id, key_id=str(key.key_id))

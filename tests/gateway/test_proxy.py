@@ -111,7 +111,7 @@ async def test_default_max_tokens_is_the_cap(
 ) -> None:
     """TERN_LIMITS_DEFAULT_MAX_TOKENS is what a request without max_tokens gets and the most any gets:
     one without ran 5,251 tokens until its client gave up (issue 18, defect 8)."""
-    cap = gateway_state(app).max_tokens_cap
+    cap = gateway_state(app).request_limiter.limiter.settings.default_max_tokens
     for extra, expected in (({}, cap), ({"max_tokens": cap + 1000}, cap), ({"max_tokens": 3}, 3)):
         response = await client.post("/v1/chat/completions", json=CHAT | extra, headers=key)
         assert response.status_code == 200, response.text
@@ -119,6 +119,32 @@ async def test_default_max_tokens_is_the_cap(
             r for e in fake_engines for r in e.received if r.request_id == response.headers["x-request-id"]
         ]
         assert sent.sampling.max_tokens == expected
+
+
+async def test_max_tokens_cap_per_tenant_and_per_key(
+    client: httpx.AsyncClient,
+    admin_headers: dict[str, str],
+    create_tenant_and_key: CreateTenantAndKey,
+    fake_engines: list[FakeEngine],
+) -> None:
+    """The cap is overridable: the key's max_tokens wins over its tenant's, which wins over the default."""
+    tenant, secret, key_id = await create_tenant_and_key()
+
+    async def sent_max_tokens(**extra: Any) -> int | None:
+        response = await client.post("/v1/chat/completions", json=CHAT | extra, headers=bearer(secret))
+        assert response.status_code == 200, response.text
+        request_id = response.headers["x-request-id"]
+        [sent] = [r for e in fake_engines for r in e.received if r.request_id == request_id]
+        return sent.sampling.max_tokens
+
+    put = await client.put(
+        f"/admin/limits/tenants/{tenant['id']}", json={"max_tokens": 64}, headers=admin_headers
+    )
+    assert put.status_code == 200 and put.json()["max_tokens"] == 64
+    assert await sent_max_tokens() == 64 and await sent_max_tokens(max_tokens=500) == 64
+    put = await client.put(f"/admin/limits/keys/{key_id}", json={"max_tokens": 16}, headers=admin_headers)
+    assert put.status_code == 200
+    assert await sent_max_tokens() == 16 and await sent_max_tokens(max_tokens=8) == 8
 
 
 @pytest.mark.parametrize("isolation", ["shared", "tenant"])
