@@ -112,7 +112,13 @@ class LLMEngine:
 
         device = config.resolved_device()
         dtype = config.resolved_dtype(device)
-        fast_cpu = device.type == "cpu" and dtype == torch.bfloat16 and config.pack_cpu_linears
+        # The CPU fast path keeps a GGUF's 4-bit weights: in bf16 where the CPU has it natively, else
+        # in float32 activations (``--dtype auto``); ``--dtype float32`` is the exact path.
+        fast_cpu = (
+            device.type == "cpu"
+            and config.pack_cpu_linears
+            and (dtype == torch.bfloat16 or config.dtype == "auto")
+        )
         loaded = load_model(config.model, device, dtype, quant=config.quant, keep_gguf_int4=fast_cpu)
         if config.pack_cpu_linears and device.type == "cpu":
             pack_cpu_linears(loaded.model)  # this engine loaded the model, so it may rewrite its modules

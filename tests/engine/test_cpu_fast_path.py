@@ -1,6 +1,7 @@
-"""The CPU fast path (bfloat16, packed linears, the GGUF's 4-bit weights kept as they are): each
-kernel against a plain-torch reference, and the default model served on it against the float32 path
-(quality, Paris, batch independence, prefix cache on = off, no leaked block)."""
+"""The CPU fast path (the GGUF's 4-bit weights kept as they are, packed linears; bfloat16 on a CPU with
+native bf16, float32 activations elsewhere): each kernel against a plain-torch reference, and the
+default model served on it against the exact float32 path (quality, Paris, batch independence,
+prefix cache on = off). Whichever variant this machine runs by default is the one tested."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine.config import EngineConfig, cpu_has_native_bf16
 from engine.core.llm_engine import LLMEngine
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
+    Int8PackedCpuLinear,
     OneDnnPackedLinear,
     onednn_packing_available,
     pack_cpu_linears,
@@ -27,9 +29,9 @@ from engine.serving.frames import generate_frames
 from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 from tests.engine.test_engine import PROMPTS
 
-pytestmark = pytest.mark.skipif(
-    not (onednn_packing_available() and cpu_has_native_bf16()),
-    reason="the fast path needs oneDNN and a CPU with native bf16 (AVX512-BF16 or AMX)",
+NATIVE_BF16 = onednn_packing_available() and cpu_has_native_bf16()
+needs_native_bf16 = pytest.mark.skipif(
+    not NATIVE_BF16, reason="oneDNN's bf16 linears need a CPU with native bf16 (AVX512-BF16 or AMX)"
 )
 
 EVALUATION_TEXT = Path(__file__).parent.parent / "data" / "pride_and_prejudice_ch1.txt"
@@ -50,9 +52,26 @@ def test_int4_kernel_matches_the_dequantized_reference(rows: int, bias: bool) ->
     int4 = Int4Linear.from_linear(linear, group_size=32)
     x = torch.randn(rows, 256)
     reference = F.linear(x, int4.dequantized_weight(torch.float32), int4.bias)  # plain torch, float32
-    out = Int4PackedCpuLinear(int4)(x.bfloat16())
-    assert out.dtype == torch.bfloat16 and out.shape == (rows, 96)
-    assert (out.float() - reference).abs().max().item() <= bf16_error_bound(reference)
+    for dtype in (torch.bfloat16, torch.float32):  # a float32 model's rows are rounded to bf16 inside
+        out = Int4PackedCpuLinear(int4)(x.to(dtype))
+        assert out.dtype == dtype and out.shape == (rows, 96)
+        assert (out.float() - reference).abs().max().item() <= bf16_error_bound(reference)
+
+
+@pytest.mark.parametrize("rows", [1, 16, 100])
+def test_int8_lm_head_matches_linear(rows: int) -> None:
+    """Per-row int8 weights and bf16 rows: within bf16's rounding plus the int8 step of each row."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(192, 320, bias=False)
+    x = torch.randn(rows, 192)
+    reference = F.linear(x, linear.weight)  # plain torch, float32
+    packed = Int8PackedCpuLinear(linear)
+    out = packed(x)
+    assert out.dtype == torch.float32 and out.shape == (rows, 320)
+    step = linear.weight.abs().amax(dim=1) / 127  # one int8 unit, per output row
+    bound = bf16_error_bound(reference) + (x.abs().sum(dim=1, keepdim=True) * step / 2)
+    assert ((out - reference).abs() <= bound).all()
+    assert torch.equal(packed(x[:1]), out[:1])  # a row does not depend on the batch
 
 
 def test_int4_kernel_rows_do_not_depend_on_the_batch() -> None:
@@ -64,6 +83,7 @@ def test_int4_kernel_rows_do_not_depend_on_the_batch() -> None:
         assert torch.equal(packed(x[:rows]), full[:rows])
 
 
+@needs_native_bf16
 @pytest.mark.parametrize("rows", [1, 16, 100])
 def test_onednn_packed_linear_matches_linear(rows: int) -> None:
     linear = nn.Linear(192, 320).bfloat16()
@@ -87,16 +107,17 @@ def test_stacked_linears_output_their_parts_side_by_side(kind: str) -> None:
     assert stack_linears([nn.Linear(8, 8), nn.Linear(8, 8, bias=False)]) is None
 
 
-def test_pack_cpu_linears_fuses_and_packs_a_bf16_model() -> None:
-    """Through the engine's loader, as ``tern engine`` runs by default."""
+def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
+    """Through the engine's loader, as ``tern engine`` runs by default on this machine."""
     engine = fast_engine()
     model = engine.runner.model
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, Int4PackedCpuLinear)
     assert isinstance(layer.mlp.gate_up_proj, Int4PackedCpuLinear)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
-    assert isinstance(model.lm_head, OneDnnPackedLinear)  # the tied Q8_0 embedding, in bf16
-    assert engine.runner.kv_cache.dtype == torch.bfloat16
+    # the tied Q8_0 embedding: oneDNN-packed bf16 with native bf16, else per-row int8
+    assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Int8PackedCpuLinear)
+    assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
     assert pack_cpu_linears(model) == 0  # nothing left to pack
 
 
