@@ -69,6 +69,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from gateway.metrics import prepare_multiprocess_dir
 
     settings = _settings()
+    check_bootstrap_key(settings)
     # Several workers: /metrics must sum them all, not show whichever worker answers the scrape.
     metrics_dir = prepare_multiprocess_dir() if args.workers > 1 else None
     try:
@@ -88,6 +89,16 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         if metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0
+
+
+def check_bootstrap_key(settings: Any) -> None:
+    """Refuse, before serving, a ``TERN_ADMIN_KEY`` that the gateway could never authenticate."""
+    from gateway.keys.format import bootstrap_key_problem
+
+    if settings.admin_key is not None:
+        problem = bootstrap_key_problem(settings.admin_key.get_secret_value())
+        if problem is not None:
+            raise CliError(problem)
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from gateway.keys.format import generate_key
+from gateway.keys.format import bootstrap_key_problem, generate_key
 from tern_stack.banner import banner
 from tern_stack.demo import ensure_demo_key, model_id
 from tern_stack.processes import (
@@ -116,6 +116,9 @@ class Stack:
         admin_key = self.env.get("TERN_ADMIN_KEY") or self.state.secret(
             "admin_key", lambda: generate_key("admin")
         )
+        problem = bootstrap_key_problem(admin_key)
+        if problem is not None:  # the gateway would refuse it too, with a traceback in its log
+            raise StackError(problem)
         self.env["TERN_ADMIN_KEY"] = admin_key
         return admin_key
 

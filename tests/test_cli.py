@@ -177,3 +177,24 @@ def test_admin_errors_are_one_line(
 
     result = tern("gateway", env=_clean_env(TERN_ADMIN_KEY="too-short"))
     assert_one_line_error(result, "TERN_ADMIN_KEY")
+
+
+UNUSABLE_ADMIN_KEY = "tern_admin_" + "0123456789abcdef" * 2
+"""Issue 18, defect 12: shaped like the docs allow, but ``tern_`` keys must carry a Tern checksum."""
+
+
+def test_gateway_refuses_an_admin_key_that_could_never_authenticate() -> None:
+    result = tern("gateway", env=_clean_env(TERN_ADMIN_KEY=UNUSABLE_ADMIN_KEY, TERN_SECRET=SECRET))
+    assert_one_line_error(result, "TERN_ADMIN_KEY", "tern_")
+
+
+def test_tern_up_refuses_an_admin_key_that_could_never_authenticate(tmp_path: Path) -> None:
+    """Refused before any server starts, in one line (it used to fail later with a 401)."""
+    data_dir = tmp_path / ".tern"
+    env = _clean_env(TERN_ADMIN_KEY=UNUSABLE_ADMIN_KEY, TERN_GATEWAY_PORT=str(free_port()))
+    result = tern("up", "--data-dir", str(data_dir), env=env)
+    assert result.returncode == 1, result
+    assert [line for line in result.stderr.splitlines() if line] == [
+        result.stderr.strip()
+    ] and "TERN_ADMIN_KEY" in result.stderr, result.stderr
+    assert "PostgreSQL" not in result.stdout and not (data_dir / "postgres").exists()

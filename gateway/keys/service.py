@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.audit.service import SYSTEM, Actor, record
 from gateway.errors import OpenAIError
-from gateway.keys.format import display_hint, generate_key, hash_key
+from gateway.keys.format import bootstrap_key_problem, display_hint, generate_key, hash_key
 from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyOut
 from gateway.tenants.service import get_tenant
@@ -243,8 +243,12 @@ async def bootstrap_admin_key(
 
     Safe to run from several gateway processes at once: ``INSERT ... ON CONFLICT DO NOTHING`` on the
     unique hash lets exactly one insert win (the others wait for it, then insert nothing), and only
-    the winner writes the audit row, in the same transaction.
+    the winner writes the audit row, in the same transaction. A key that could never authenticate
+    is refused (ValueError), never registered.
     """
+    problem = bootstrap_key_problem(admin_key)
+    if problem is not None:
+        raise ValueError(problem)
     insert_once = (
         pg_insert(ApiKey)
         .values(
