@@ -3,8 +3,10 @@
 In order: PostgreSQL and Redis (embedded, data under ``.tern/``; skipped when ``DATABASE_URL`` /
 ``REDIS_URL`` point elsewhere), the migrations, one engine (skipped when ``TERN_ENGINE_URLS`` names
 engines already running), one gateway. Once ``/readyz`` answers 200 it makes sure a demo tenant and
-inference key exist and prints how to call the API. Ctrl-C or SIGTERM stops everything in reverse
-order (see :mod:`tern_stack.processes` for how children and the watchdog behave).
+inference key exist and prints how to call the API. From then on a crashed engine is restarted with
+backoff (:mod:`tern_stack.restarts`) while everything else keeps running; before that, any exit is
+fatal (a model that cannot load would only crash again). Ctrl-C or SIGTERM stops everything in
+reverse order (see :mod:`tern_stack.processes` for how children and the watchdog behave).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,6 +33,7 @@ from tern_stack.processes import (
     announce_and_call,
     tern_command,
 )
+from tern_stack.restarts import Restarter
 from tern_stack.services import PostgresServer, RedisServer, free_port, port_is_free
 from tern_stack.state import StateDir, libpq_dsn
 
@@ -103,6 +107,8 @@ class Stack:
         self.env.setdefault("TERN_USAGE_SPOOL_DIR", str(state.root / "spool" / "usage"))
         self.children: list[Child] = []
         self.pids: dict[str, int] = {}
+        self.run_info: dict[str, Any] = {}
+        self.restarters: dict[str, Restarter] = {}
         with signals.deferred():
             self.watchdog = Watchdog()
             cleanup.callback(self.watchdog.close)
@@ -189,13 +195,34 @@ class Stack:
         return child
 
     def check_children(self) -> None:
+        """Fail if a child exited (while starting, and for children that are not restarted)."""
         for child in self.children:
             code = child.exited()
-            if code is not None:
+            if code is not None and child.name not in self.restarters:
                 raise StackError(
                     f"the {child.name} exited with code {code}. "
                     f"Last lines of {child.log_path}:\n{child.log_tail()}"
                 )
+
+    def restart_crashed_engines(self) -> None:
+        """Once the stack is up, an engine that exits is started again instead of stopping the stack."""
+        for child in self.children:
+            if child.name == "engine":
+                self.restarters[child.name] = Restarter(child, start=self._restart)
+
+    def supervise(self) -> None:
+        """One round of the main loop: restart what is due, fail on any other exit."""
+        for restarter in self.restarters.values():
+            restarter.poll()
+        self.check_children()
+
+    def _restart(self, child: Child) -> None:
+        with self.signals.deferred():
+            child.restart()
+            self.watchdog.watch(signal.SIGTERM, -child.pid)
+        self.pids[child.name] = child.pid
+        if self.run_info:
+            self.state.write_run_info(self.run_info)  # tools read the new pid from run.json
 
 
 def up(options: UpOptions) -> int:
@@ -221,7 +248,7 @@ def up(options: UpOptions) -> int:
         model = model_id(url, demo_key)
         ready_after_s = round(time.monotonic() - started, 1)
 
-        run_info = {
+        stack.run_info = run_info = {
             "gateway_url": url,
             "postgres_dsn": libpq_dsn(stack.env["TERN_DATABASE_URL"]),
             "redis_url": stack.env["TERN_REDIS_URL"],
@@ -234,9 +261,10 @@ def up(options: UpOptions) -> int:
         print(banner(url=url, admin_key=admin_key, demo_key=demo_key, model=model, state=state), flush=True)
         print(f"Ready in {ready_after_s} s.", flush=True)
 
+        stack.restart_crashed_engines()
         try:
             while True:
-                stack.check_children()
+                stack.supervise()
                 time.sleep(0.5)
         except StopRequested as stop:
             print(f"\n{stop}: shutting down", flush=True)

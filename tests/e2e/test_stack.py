@@ -12,17 +12,13 @@ that no process outlives it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,87 +28,11 @@ import httpx
 import openai
 import pytest
 import redis
-
-from tern_stack.services import free_port
+from running_stack import STOP_DEADLINE_S, RunningStack, sessions_alive, start_stack
 
 pytestmark = pytest.mark.slow
 
-READY_DEADLINE_S = 600.0
-STOP_DEADLINE_S = 90.0
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _sessions_alive(session_ids: set[int]) -> list[str]:
-    """Processes (``pid comm``) whose process group or session is one of ``session_ids``."""
-    alive = []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            pid_and_comm, rest = stat_file.read_text().rsplit(") ", 1)
-        except OSError:
-            continue
-        state, _ppid, pgrp, session = rest.split()[:4]
-        if state != "Z" and (int(pgrp) in session_ids or int(session) in session_ids):
-            alive.append(pid_and_comm.replace(" (", " "))
-    return alive
-
-
-@dataclass
-class RunningStack:
-    """One ``tern up`` process and what it wrote to its data dir."""
-
-    process: subprocess.Popen[bytes]
-    data_dir: Path
-    log_path: Path
-    info: dict[str, Any]
-
-    @property
-    def url(self) -> str:
-        return str(self.info["gateway_url"])
-
-    @property
-    def admin_key(self) -> str:
-        return (self.data_dir / "admin_key").read_text().strip()
-
-    @property
-    def demo_key(self) -> str:
-        return (self.data_dir / "demo_key").read_text().strip()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> int:
-        """SIGTERM, as a service manager would send; the exit code."""
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=STOP_DEADLINE_S)
-
-
-def start_stack(data_dir: Path, *, extra_env: dict[str, str] | None = None) -> RunningStack:
-    """``tern up`` as ``make up`` runs it, in its own session, ready once ``run.json`` appears."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith("TERN_") and name not in ("DATABASE_URL", "REDIS_URL")
-    }
-    env.update({"TERN_GATEWAY_PORT": str(free_port()), **(extra_env or {})})
-    log_path = data_dir.parent / f"tern-up-{time.monotonic_ns()}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tern_cli", "up", "--data-dir", str(data_dir)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    run_file = data_dir / "run.json"
-    deadline = time.monotonic() + READY_DEADLINE_S
-    while not run_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            pytest.fail(f"tern up did not become ready:\n{log_path.read_text(errors='replace')[-4000:]}")
-        time.sleep(0.2)
-    return RunningStack(process, data_dir, log_path, json.loads(run_file.read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -273,7 +193,7 @@ def test_restart_reuses_data_and_keys(stack: RunningStack, workdir: Path) -> Non
         made = admin.post("/admin/tenants", json={"name": "survives-restart"})
         assert made.status_code == 201, made.text
     assert first.stop() == 0, first.log()
-    assert not _sessions_alive(set(first.info["pids"].values()))
+    assert not sessions_alive(set(first.info["pids"].values()))
 
     second = start_stack(data_dir, extra_env=borrowed_engine)
     try:
@@ -285,7 +205,7 @@ def test_restart_reuses_data_and_keys(stack: RunningStack, workdir: Path) -> Non
         assert models.status_code == 200
     finally:
         assert second.stop() == 0, second.log()
-    assert not _sessions_alive(set(second.info["pids"].values()))
+    assert not sessions_alive(set(second.info["pids"].values()))
 
 
 def test_external_database_and_redis_are_used_not_started(
@@ -328,9 +248,9 @@ def test_sigterm_stops_everything_with_no_orphans(stack: RunningStack) -> None:
     """Runs last: stops the module's stack."""
     pids = set(stack.info["pids"].values())
     assert {"postgres", "redis", "engine", "gateway", "watchdog"} <= set(stack.info["pids"])
-    assert _sessions_alive(pids)
+    assert sessions_alive(pids)
     assert stack.stop() == 0, stack.log()
-    assert not _sessions_alive(pids), stack.log()
+    assert not sessions_alive(pids), stack.log()
     assert not (stack.data_dir / "run.json").exists()
     output = stack.log()
     order = [
