@@ -61,26 +61,51 @@ def redis_pid(url: str) -> int:
         client.close()
 
 
-def wait_ready(url: str, stack: Stack, timeout_s: float) -> None:
-    """Poll ``/readyz`` until 200, failing fast if a child exits."""
-    deadline = time.monotonic() + timeout_s
-    last_note = ""
+READY_POLL_FIRST_S = 0.1
+READY_POLL_MAX_S = 1.0
+
+
+def _poll_until_ok(url: str, stack: Stack, deadline: float, *, waiting_for: str, timeout_s: float) -> None:
+    """GET ``url`` until 200, with growing pauses; print each new reason for waiting once."""
+    pause, last_note = READY_POLL_FIRST_S, ""
     with httpx.Client(timeout=2.0) as client:
         while True:
             stack.check_children()
             try:
-                response = client.get(f"{url}/readyz")
+                response = client.get(url)
                 if response.status_code == 200:
                     return
-                note = f"/readyz {response.status_code} {response.text[:200]}"
+                note = f"{url.rsplit('/', 1)[-1]} {response.status_code} {response.text[:200]}"
             except httpx.HTTPError:
-                note = "the gateway is not listening yet"
+                note = waiting_for
             if note != last_note:
                 print(f"  waiting: {note}", flush=True)
                 last_note = note
             if time.monotonic() > deadline:
-                raise StackError(f"{url}/readyz was not 200 after {timeout_s:.0f} s (last: {note})")
-            time.sleep(0.5)
+                raise StackError(f"{url} was not 200 after {timeout_s:.0f} s (last: {note})")
+            time.sleep(pause)
+            pause = min(pause * 2, READY_POLL_MAX_S)
+
+
+def wait_ready(url: str, stack: Stack, timeout_s: float) -> None:
+    """Wait for the engine we started, then for the gateway's ``/readyz``; fail fast if a child exits.
+
+    The engine is asked first, on its ``/health`` (which its access log leaves out), because loading
+    a model takes the longest: asking the gateway all that time would write an access-log line per
+    poll into gateway.log. Once the engine answers, the gateway is ready within one health probe.
+    """
+    deadline = time.monotonic() + timeout_s
+    if stack.engine_url is not None:
+        _poll_until_ok(
+            f"{stack.engine_url}/health",
+            stack,
+            deadline,
+            waiting_for="the engine is loading the model",
+            timeout_s=timeout_s,
+        )
+    _poll_until_ok(
+        f"{url}/readyz", stack, deadline, waiting_for="the gateway is not listening yet", timeout_s=timeout_s
+    )
 
 
 @dataclass
@@ -91,6 +116,7 @@ class UpOptions:
     port: int
     data_dir: Path
     ready_timeout_s: float
+    served_model_name: str | None = None
 
 
 class Stack:
@@ -109,6 +135,8 @@ class Stack:
         self.pids: dict[str, int] = {}
         self.run_info: dict[str, Any] = {}
         self.restarters: dict[str, Restarter] = {}
+        self.engine_url: str | None = None
+        """The engine this stack started (None when TERN_ENGINE_URLS names running ones)."""
         with signals.deferred():
             self.watchdog = Watchdog()
             cleanup.callback(self.watchdog.close)
@@ -168,14 +196,22 @@ class Stack:
     def start_engine(self) -> None:
         engine_urls = self.env.get("TERN_ENGINE_URLS", "").strip()
         if engine_urls:
+            if self.options.served_model_name:
+                raise StackError(
+                    "--served-model-name names the engine tern up starts; with TERN_ENGINE_URLS set, "
+                    "give it to those engines"
+                )
             print(f"Engine: using {engine_urls} (TERN_ENGINE_URLS)", flush=True)
             return
         port = DEFAULT_ENGINE_PORT if port_is_free(DEFAULT_ENGINE_PORT) else free_port()
         argv = [*tern_command(), "engine", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--model", self.options.model] if self.options.model else []
         argv += ["--device", self.options.device] if self.options.device else []
+        if self.options.served_model_name:
+            argv += ["--served-model-name", self.options.served_model_name]
         engine = self._start_child("engine", argv)
-        self.env["TERN_ENGINE_URLS"] = f"http://127.0.0.1:{port}"
+        self.engine_url = f"http://127.0.0.1:{port}"
+        self.env["TERN_ENGINE_URLS"] = self.engine_url
         model = self.options.model or "the default model"
         print(f"Engine: loading {model} on port {port}, log {engine.log_path}", flush=True)
 

@@ -64,7 +64,9 @@ class RunningStack:
         return self.process.wait(timeout=STOP_DEADLINE_S)
 
 
-def start_stack(data_dir: Path, *, extra_env: dict[str, str] | None = None) -> RunningStack:
+def start_stack(
+    data_dir: Path, *, extra_env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> RunningStack:
     """``tern up`` as ``make up`` runs it, in its own session, ready once ``run.json`` appears."""
     env = {
         name: value
@@ -75,7 +77,7 @@ def start_stack(data_dir: Path, *, extra_env: dict[str, str] | None = None) -> R
     log_path = data_dir.parent / f"tern-up-{time.monotonic_ns()}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "tern_cli", "up", "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "tern_cli", "up", "--data-dir", str(data_dir), *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

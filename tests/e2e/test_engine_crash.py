@@ -35,6 +35,8 @@ FIRST_TOKENS = 3
 """Each client has received this many tokens before the engine is killed."""
 RECOVERY_DEADLINE_S = 180.0
 USAGE_DEADLINE_S = 30.0
+SERVED_MODEL_NAME = "crash-test-model"
+"""Given to ``tern up --served-model-name`` (issue 18), which passes it to the engine."""
 
 
 @dataclass
@@ -110,7 +112,7 @@ def stack() -> Iterator[RunningStack]:
     # Not pytest's tmp_path: that is 0700, and PostgreSQL runs as another account when we are root.
     workdir = Path(tempfile.mkdtemp(prefix="tern-crash-", dir="/tmp"))
     workdir.chmod(0o711)
-    running = start_stack(workdir / ".tern")
+    running = start_stack(workdir / ".tern", args=("--served-model-name", SERVED_MODEL_NAME))
     try:
         yield running
     finally:
@@ -118,6 +120,11 @@ def stack() -> Iterator[RunningStack]:
             os.killpg(running.process.pid, signal.SIGTERM)
             running.process.wait(timeout=90)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_tern_up_serves_the_model_under_the_name_given(stack: RunningStack) -> None:
+    models = httpx.get(f"{stack.url}/v1/models", headers={"Authorization": f"Bearer {stack.demo_key}"})
+    assert [model["id"] for model in models.json()["data"]] == [SERVED_MODEL_NAME]
 
 
 def test_engine_sigkill_mid_stream_is_survived_and_billed_exactly_once(stack: RunningStack) -> None:

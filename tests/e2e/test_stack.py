@@ -12,9 +12,12 @@ that no process outlives it.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -95,6 +98,36 @@ def test_tern_up_is_ready_and_prints_a_working_demo_key(stack: RunningStack) -> 
     assert "from openai import OpenAI" in output and "curl " in output
     models = httpx.get(f"{stack.url}/v1/models", headers={"Authorization": f"Bearer {stack.demo_key}"})
     assert models.status_code == 200, models.text
+
+
+def test_logs_are_clean_json_not_flooded_by_probes(stack: RunningStack) -> None:
+    """Issue 18: start-up polling and the gateway's engine probes leave the logs to real requests,
+    and JSON lines carry no terminal colour codes."""
+    logs = stack.data_dir / "logs"
+    gateway_lines = [line for line in (logs / "gateway.log").read_text().splitlines() if line.startswith("{")]
+    assert gateway_lines and all(json.loads(line) for line in gateway_lines)
+    assert not any("\\u001b" in line or "color_message" in line for line in gateway_lines)
+    readyz = [line for line in gateway_lines if '"path":"/readyz"' in line]
+    assert len(readyz) <= 8, f"{len(readyz)} /readyz polls logged while starting"
+    engine_log = (logs / "engine.log").read_text()
+    assert "/rpc/v1/models" not in engine_log and "/rpc/v1/health" not in engine_log
+
+
+def test_tern_admin_finds_this_stack_by_itself(stack: RunningStack) -> None:
+    """Issue 18, defect 2: from the directory holding `.tern`, no variables needed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERN_") and k not in ("DATABASE_URL",)}
+    result = subprocess.run(
+        [sys.executable, "-m", "tern_cli", "admin", "create-tenant", "made-by-the-cli"],
+        cwd=stack.data_dir.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.admin_key}"}) as admin:
+        names = [tenant["name"] for tenant in admin.get("/admin/tenants").json()["data"]]
+    assert "made-by-the-cli" in names
 
 
 def test_admin_api_created_the_tenant_and_key(tenant_key: dict[str, Any], admin: httpx.Client) -> None:
