@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
             "(default: TERN_DATA_DIR or .tern, when a stack runs there; TERN_* variables win)",
         )
 
+    from tern_cli import chat, status
+
+    status.add_parser(commands)  # tern status
+    chat.add_parser(commands)  # tern chat
+
     for name, (_, help_text) in DELEGATED.items():
         commands.add_parser(name, help=help_text, add_help=False)
     return parser

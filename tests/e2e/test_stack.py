@@ -115,19 +115,72 @@ def test_logs_are_clean_json_not_flooded_by_probes(stack: RunningStack) -> None:
 
 def test_tern_admin_finds_this_stack_by_itself(stack: RunningStack) -> None:
     """Issue 18, defect 2: from the directory holding `.tern`, no variables needed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TERN_") and k not in ("DATABASE_URL",)}
-    result = subprocess.run(
-        [sys.executable, "-m", "tern_cli", "admin", "create-tenant", "made-by-the-cli"],
-        cwd=stack.data_dir.parent,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = tern_beside(stack, "admin", "create-tenant", "made-by-the-cli")
     assert result.returncode == 0, result.stderr
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.admin_key}"}) as admin:
         names = [tenant["name"] for tenant in admin.get("/admin/tenants").json()["data"]]
     assert "made-by-the-cli" in names
+
+
+def tern_beside(stack: RunningStack, *argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``tern ARGV`` run from the directory holding the stack's ``.tern``, with no Tern variables set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERN_") and k != "DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "tern_cli", *argv],
+        cwd=stack.data_dir.parent,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_tern_status_shows_what_runs_where_and_the_key_files(stack: RunningStack) -> None:
+    result = tern_beside(stack, "status")
+    assert result.returncode == 0, result.stderr
+    assert stack.url in result.stdout and "ready (database ok, redis ok, engine ok)" in result.stdout
+    for name in ("admin_key", "demo_key", "secret"):
+        assert str(stack.data_dir / name) in result.stdout
+    assert stack.admin_key not in result.stdout and stack.demo_key not in result.stdout, "paths, not keys"
+    as_json = json.loads(tern_beside(stack, "status", "--json").stdout)
+    assert as_json["ready"] and as_json["gateway_url"] == stack.url
+    assert {name for name, process in as_json["processes"].items() if process["alive"]} == set(
+        stack.info["pids"]
+    )
+
+
+def test_tern_chat_answers_a_question_from_a_pipe(stack: RunningStack) -> None:
+    """``echo ... | tern chat``: one question, the streamed answer, exit 0; the demo key found by itself."""
+    result = tern_beside(
+        stack, "chat", "--temperature", "0", "--max-tokens", "24", stdin=PROMPT[0]["content"]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    direct = tern_beside(stack, "chat", "--url", stack.info["engine_urls"][0], "--max-tokens", "4", "Hi")
+    assert direct.returncode == 0 and direct.stdout.strip(), direct.stderr  # an engine, no key
+
+
+def test_tern_chat_keeps_the_conversation_until_cleared(stack: RunningStack) -> None:
+    """Each turn sends the whole conversation (the prompt grows); /clear forgets it, /system sets one."""
+    turns = ["What is the capital of France?", "And of Italy?", "/clear", "And of Italy?"]
+    turns += ["/system Be brief.", "Hi", "/exit", "Ignored"]
+    script = "".join(f"{turn}\n" for turn in turns)
+    result = tern_beside(
+        stack, "chat", "--interactive", "--verbose", "--temperature", "0", "--max-tokens", "16", stdin=script
+    )
+    assert result.returncode == 0, result.stderr
+    usage = [
+        [int(word) for word in line.strip("[]").split() if word.isdigit()]
+        for line in result.stderr.splitlines()
+        if line.startswith("[") and "prompt tokens" in line
+    ]
+    assert len(usage) == 4, result.stderr  # nothing after /exit
+    (first_prompt, first_completion), (second_prompt, _), (cleared_prompt, _), (system_prompt, _) = usage
+    assert second_prompt > first_prompt + first_completion, "the first exchange was sent again"
+    assert cleared_prompt < second_prompt, "/clear forgot it"
+    assert system_prompt != cleared_prompt
+    assert "(conversation cleared)" in result.stderr and "(system prompt set" in result.stderr
 
 
 def test_admin_api_created_the_tenant_and_key(tenant_key: dict[str, Any], admin: httpx.Client) -> None:
