@@ -23,13 +23,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tern_cli.errors import CliError, debug, describe
 from tern_cli.local_stack import LocalStack
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
 
-def _settings():
+    from gateway.config import Settings
+
+
+def _settings() -> Settings:
     from gateway.config import Settings
 
     return Settings()
@@ -131,7 +136,7 @@ def cmd_create_tenant(args: argparse.Namespace) -> int:
     from gateway.audit.service import SYSTEM
     from gateway.tenants.service import create_tenant, snapshot
 
-    async def work(session, _settings) -> dict[str, Any]:
+    async def work(session: AsyncSession, _settings: Settings) -> dict[str, Any]:
         return snapshot(await create_tenant(session, actor=SYSTEM, name=args.name))
 
     print(json.dumps(asyncio.run(_with_session(work)), indent=2))
@@ -142,7 +147,7 @@ def cmd_create_key(args: argparse.Namespace) -> int:
     from gateway.audit.service import SYSTEM
     from gateway.keys.service import create_key, snapshot
 
-    async def work(session, settings) -> dict[str, Any]:
+    async def work(session: AsyncSession, settings: Settings) -> dict[str, Any]:
         key, plaintext = await create_key(
             session,
             actor=SYSTEM,
