@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
-from protocol.rpc import HEALTH_PATH
+from protocol.rpc import HEALTH_PATH, MODELS_PATH
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,12 +82,13 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(**{name: value for name, value in vars(args).items() if name in names})
 
 
-PROBE_PATHS = frozenset({"/health", HEALTH_PATH, "/metrics"})
+PROBE_PATHS = frozenset({"/health", HEALTH_PATH, MODELS_PATH, "/metrics"})
 
 
 class ProbeAccessFilter(logging.Filter):
     """Drops uvicorn access-log lines for health probes and metric scrapes: the gateway probes every
-    engine every few seconds, and those lines would bury the requests an operator looks for."""
+    engine every few seconds (health, then its model list), and those lines would bury the requests
+    an operator looks for."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args

@@ -13,6 +13,8 @@ import orjson
 request_id_var: ContextVar[str | None] = ContextVar("tern_request_id", default=None)
 
 _STANDARD_ATTRS = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+_NOT_FOR_JSON = {"color_message"}
+"""uvicorn's copy of a message with ANSI colour codes, meant for terminals: never in a JSON line."""
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,7 +31,7 @@ class JsonFormatter(logging.Formatter):
         if request_id is not None:
             entry["request_id"] = request_id
         for name, value in record.__dict__.items():
-            if name not in _STANDARD_ATTRS and not name.startswith("_"):
+            if name not in _STANDARD_ATTRS and name not in _NOT_FOR_JSON and not name.startswith("_"):
                 entry[name] = value
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

@@ -1,6 +1,7 @@
 """``tern bench ...``: the gateway's and the engine's benchmarks, each printing JSON.
 
-Each benchmark module is imported only when named, so ``tern bench gateway`` never imports torch.
+Each benchmark module is imported only when named, so ``tern bench gateway`` never imports torch,
+and ``tern bench --help`` imports none of them.
 """
 
 from __future__ import annotations
@@ -8,21 +9,45 @@ from __future__ import annotations
 import sys
 
 BENCHMARKS = {
-    "gateway": "gateway.bench.gateway",
-    "upstream-client": "gateway.bench.upstream_client",
-    "engine": "engine.bench.serving",
-    "engine-hf": "engine.bench.hf_baseline",
-    "shared-prefix": "engine.bench.shared_prefix",
-    "kernels": "engine.bench.kernels",
-    "int4-quality": "engine.bench.int4_quality",
+    "gateway": (
+        "gateway.bench.gateway",
+        "the gateway's throughput and added latency (auth, limits, metering) over a stand-in engine",
+    ),
+    "upstream-client": (
+        "gateway.bench.upstream_client",
+        "httpx against aiohttp for the gateway-to-engine hop",
+    ),
+    "engine": ("engine.bench.serving", "load test of a running engine: N concurrent streams"),
+    "engine-hf": ("engine.bench.hf_baseline", "Hugging Face transformers generate, the engine's baseline"),
+    "shared-prefix": (
+        "engine.bench.shared_prefix",
+        "a running engine on shared-system-prompt traffic (prefix cache)",
+    ),
+    "kernels": ("engine.bench.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
+    "int4-quality": ("engine.bench.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
 }
+"""Name: (module with ``main(argv)``, one line for ``tern bench --help``)."""
+
+
+def usage() -> str:
+    return f"usage: tern bench {{{','.join(BENCHMARKS)}}} [options]"
+
+
+def help_text() -> str:
+    width = max(map(len, BENCHMARKS))
+    lines = [usage(), "", "Benchmarks (each prints JSON; `tern bench NAME --help` for its options):"]
+    lines += [f"  {name.ljust(width)}  {summary}" for name, (_, summary) in BENCHMARKS.items()]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help"):
+        print(help_text())
+        return 0
     if not argv or argv[0] not in BENCHMARKS:
-        print(f"usage: tern bench {{{','.join(BENCHMARKS)}}} [options]", file=sys.stderr)
+        print(usage(), file=sys.stderr)
         return 2
     import importlib
 
-    return int(importlib.import_module(BENCHMARKS[argv[0]]).main(argv[1:]) or 0)
+    return int(importlib.import_module(BENCHMARKS[argv[0]][0]).main(argv[1:]) or 0)

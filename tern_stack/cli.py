@@ -20,6 +20,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         description="Start PostgreSQL, Redis, an engine and the gateway on this machine; Ctrl-C stops them.",
     )
     parser.add_argument("--model", help="a Hugging Face directory or GGUF file (default: the built-in model)")
+    parser.add_argument(
+        "--served-model-name",
+        help="the model name in /v1/models and requests, as for `tern engine` (default: from the file)",
+    )
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], help="engine device (default: auto)")
     parser.add_argument(
         "--host",
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     options = UpOptions(
         model=args.model,
+        served_model_name=args.served_model_name,
         device=args.device,
         host=args.host,
         port=args.port,

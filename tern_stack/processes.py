@@ -54,6 +54,13 @@ class Child:
             )
         return self
 
+    def restart(self) -> Child:
+        """Start it again after it exited; whatever is left of the old process group goes first."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.pid, signal.SIGKILL)
+        return self.start()
+
     @property
     def pid(self) -> int:
         assert self.process is not None

@@ -3,8 +3,10 @@
 In order: PostgreSQL and Redis (embedded, data under ``.tern/``; skipped when ``DATABASE_URL`` /
 ``REDIS_URL`` point elsewhere), the migrations, one engine (skipped when ``TERN_ENGINE_URLS`` names
 engines already running), one gateway. Once ``/readyz`` answers 200 it makes sure a demo tenant and
-inference key exist and prints how to call the API. Ctrl-C or SIGTERM stops everything in reverse
-order (see :mod:`tern_stack.processes` for how children and the watchdog behave).
+inference key exist and prints how to call the API. From then on a crashed engine is restarted with
+backoff (:mod:`tern_stack.restarts`) while everything else keeps running; before that, any exit is
+fatal (a model that cannot load would only crash again). Ctrl-C or SIGTERM stops everything in
+reverse order (see :mod:`tern_stack.processes` for how children and the watchdog behave).
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
-from gateway.keys.format import generate_key
+from gateway.keys.format import bootstrap_key_problem, generate_key
 from tern_stack.banner import banner
 from tern_stack.demo import ensure_demo_key, model_id
 from tern_stack.processes import (
@@ -30,6 +33,7 @@ from tern_stack.processes import (
     announce_and_call,
     tern_command,
 )
+from tern_stack.restarts import Restarter
 from tern_stack.services import PostgresServer, RedisServer, free_port, port_is_free
 from tern_stack.state import StateDir, libpq_dsn
 
@@ -57,26 +61,51 @@ def redis_pid(url: str) -> int:
         client.close()
 
 
-def wait_ready(url: str, stack: Stack, timeout_s: float) -> None:
-    """Poll ``/readyz`` until 200, failing fast if a child exits."""
-    deadline = time.monotonic() + timeout_s
-    last_note = ""
+READY_POLL_FIRST_S = 0.1
+READY_POLL_MAX_S = 1.0
+
+
+def _poll_until_ok(url: str, stack: Stack, deadline: float, *, waiting_for: str, timeout_s: float) -> None:
+    """GET ``url`` until 200, with growing pauses; print each new reason for waiting once."""
+    pause, last_note = READY_POLL_FIRST_S, ""
     with httpx.Client(timeout=2.0) as client:
         while True:
             stack.check_children()
             try:
-                response = client.get(f"{url}/readyz")
+                response = client.get(url)
                 if response.status_code == 200:
                     return
-                note = f"/readyz {response.status_code} {response.text[:200]}"
+                note = f"{url.rsplit('/', 1)[-1]} {response.status_code} {response.text[:200]}"
             except httpx.HTTPError:
-                note = "the gateway is not listening yet"
+                note = waiting_for
             if note != last_note:
                 print(f"  waiting: {note}", flush=True)
                 last_note = note
             if time.monotonic() > deadline:
-                raise StackError(f"{url}/readyz was not 200 after {timeout_s:.0f} s (last: {note})")
-            time.sleep(0.5)
+                raise StackError(f"{url} was not 200 after {timeout_s:.0f} s (last: {note})")
+            time.sleep(pause)
+            pause = min(pause * 2, READY_POLL_MAX_S)
+
+
+def wait_ready(url: str, stack: Stack, timeout_s: float) -> None:
+    """Wait for the engine we started, then for the gateway's ``/readyz``; fail fast if a child exits.
+
+    The engine is asked first, on its ``/health`` (which its access log leaves out), because loading
+    a model takes the longest: asking the gateway all that time would write an access-log line per
+    poll into gateway.log. Once the engine answers, the gateway is ready within one health probe.
+    """
+    deadline = time.monotonic() + timeout_s
+    if stack.engine_url is not None:
+        _poll_until_ok(
+            f"{stack.engine_url}/health",
+            stack,
+            deadline,
+            waiting_for="the engine is loading the model",
+            timeout_s=timeout_s,
+        )
+    _poll_until_ok(
+        f"{url}/readyz", stack, deadline, waiting_for="the gateway is not listening yet", timeout_s=timeout_s
+    )
 
 
 @dataclass
@@ -87,6 +116,7 @@ class UpOptions:
     port: int
     data_dir: Path
     ready_timeout_s: float
+    served_model_name: str | None = None
 
 
 class Stack:
@@ -103,6 +133,10 @@ class Stack:
         self.env.setdefault("TERN_USAGE_SPOOL_DIR", str(state.root / "spool" / "usage"))
         self.children: list[Child] = []
         self.pids: dict[str, int] = {}
+        self.run_info: dict[str, Any] = {}
+        self.restarters: dict[str, Restarter] = {}
+        self.engine_url: str | None = None
+        """The engine this stack started (None when TERN_ENGINE_URLS names running ones)."""
         with signals.deferred():
             self.watchdog = Watchdog()
             cleanup.callback(self.watchdog.close)
@@ -116,6 +150,9 @@ class Stack:
         admin_key = self.env.get("TERN_ADMIN_KEY") or self.state.secret(
             "admin_key", lambda: generate_key("admin")
         )
+        problem = bootstrap_key_problem(admin_key)
+        if problem is not None:  # the gateway would refuse it too, with a traceback in its log
+            raise StackError(problem)
         self.env["TERN_ADMIN_KEY"] = admin_key
         return admin_key
 
@@ -159,14 +196,22 @@ class Stack:
     def start_engine(self) -> None:
         engine_urls = self.env.get("TERN_ENGINE_URLS", "").strip()
         if engine_urls:
+            if self.options.served_model_name:
+                raise StackError(
+                    "--served-model-name names the engine tern up starts; with TERN_ENGINE_URLS set, "
+                    "give it to those engines"
+                )
             print(f"Engine: using {engine_urls} (TERN_ENGINE_URLS)", flush=True)
             return
         port = DEFAULT_ENGINE_PORT if port_is_free(DEFAULT_ENGINE_PORT) else free_port()
         argv = [*tern_command(), "engine", "--host", "127.0.0.1", "--port", str(port)]
         argv += ["--model", self.options.model] if self.options.model else []
         argv += ["--device", self.options.device] if self.options.device else []
+        if self.options.served_model_name:
+            argv += ["--served-model-name", self.options.served_model_name]
         engine = self._start_child("engine", argv)
-        self.env["TERN_ENGINE_URLS"] = f"http://127.0.0.1:{port}"
+        self.engine_url = f"http://127.0.0.1:{port}"
+        self.env["TERN_ENGINE_URLS"] = self.engine_url
         model = self.options.model or "the default model"
         print(f"Engine: loading {model} on port {port}, log {engine.log_path}", flush=True)
 
@@ -186,13 +231,34 @@ class Stack:
         return child
 
     def check_children(self) -> None:
+        """Fail if a child exited (while starting, and for children that are not restarted)."""
         for child in self.children:
             code = child.exited()
-            if code is not None:
+            if code is not None and child.name not in self.restarters:
                 raise StackError(
                     f"the {child.name} exited with code {code}. "
                     f"Last lines of {child.log_path}:\n{child.log_tail()}"
                 )
+
+    def restart_crashed_engines(self) -> None:
+        """Once the stack is up, an engine that exits is started again instead of stopping the stack."""
+        for child in self.children:
+            if child.name == "engine":
+                self.restarters[child.name] = Restarter(child, start=self._restart)
+
+    def supervise(self) -> None:
+        """One round of the main loop: restart what is due, fail on any other exit."""
+        for restarter in self.restarters.values():
+            restarter.poll()
+        self.check_children()
+
+    def _restart(self, child: Child) -> None:
+        with self.signals.deferred():
+            child.restart()
+            self.watchdog.watch(signal.SIGTERM, -child.pid)
+        self.pids[child.name] = child.pid
+        if self.run_info:
+            self.state.write_run_info(self.run_info)  # tools read the new pid from run.json
 
 
 def up(options: UpOptions) -> int:
@@ -218,7 +284,7 @@ def up(options: UpOptions) -> int:
         model = model_id(url, demo_key)
         ready_after_s = round(time.monotonic() - started, 1)
 
-        run_info = {
+        stack.run_info = run_info = {
             "gateway_url": url,
             "postgres_dsn": libpq_dsn(stack.env["TERN_DATABASE_URL"]),
             "redis_url": stack.env["TERN_REDIS_URL"],
@@ -231,9 +297,10 @@ def up(options: UpOptions) -> int:
         print(banner(url=url, admin_key=admin_key, demo_key=demo_key, model=model, state=state), flush=True)
         print(f"Ready in {ready_after_s} s.", flush=True)
 
+        stack.restart_crashed_engines()
         try:
             while True:
-                stack.check_children()
+                stack.supervise()
                 time.sleep(0.5)
         except StopRequested as stop:
             print(f"\n{stop}: shutting down", flush=True)

@@ -1,4 +1,4 @@
-"""The pieces of ``tern up`` that need no model: secrets kept under .tern/, and the orphan watchdog."""
+"""The pieces of ``tern up`` that need no model: secrets kept under .tern/, the orphan watchdog, restarts."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ import pytest
 
 from gateway.keys.format import has_valid_checksum
 from tern_stack.cli import build_parser
+from tern_stack.processes import Child
+from tern_stack.restarts import Backoff, Restarter, describe_exit
 from tern_stack.state import StateDir
 
 
@@ -126,3 +128,26 @@ def test_a_stop_signal_inside_a_deferred_section_is_raised_when_it_ends() -> Non
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     assert steps == ["registered for cleanup"]
+
+
+def test_a_crashed_child_is_restarted_with_doubling_backoff(tmp_path: Path) -> None:
+    """A real child that dies at once on every start: restarted after 1 s, 2 s, 4 s ... never spinning."""
+    child = Child(
+        "engine", [sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ), tmp_path / "e.log"
+    )
+    lines: list[str] = []
+    restarter = Restarter(child.start(), start=lambda c: c.restart(), say=lines.append)
+    child.process.wait()  # type: ignore[union-attr]
+    now = time.monotonic()
+    for crash, delay in enumerate([1, 2, 4], start=1):
+        restarter.poll(now)
+        assert restarter.pending and f"exited with code 3; restarting it in {delay} s" in lines[-1]
+        assert f"crash {crash} in a row" in lines[-1]
+        restarter.poll(now + delay - 0.01)
+        assert restarter.pending, "not before its time"
+        now += delay
+        restarter.poll(now)
+        assert not restarter.pending and restarter.restarts == crash
+        child.process.wait()  # type: ignore[union-attr]
+    assert Backoff().delay_s(10) == 30.0, "capped"
+    assert describe_exit(-signal.SIGKILL) == "was killed by SIGKILL"

@@ -58,6 +58,25 @@ def is_plausible_key(key: str) -> bool:
     return BOOTSTRAP_MIN_CHARS <= len(key) <= BOOTSTRAP_MAX_CHARS and bool(_PRINTABLE.fullmatch(key))
 
 
+def bootstrap_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be the bootstrap admin key (``TERN_ADMIN_KEY``), or None if it can.
+
+    The same rules as :func:`is_plausible_key`, so a key accepted here always reaches the lookup.
+    """
+    if key.startswith("tern_"):
+        if has_valid_checksum(key):
+            return None
+        return (
+            "TERN_ADMIN_KEY starts with 'tern_' but is not a key Tern generated (its checksum does not "
+            "match); choose a key that does not start with 'tern_'"
+        )
+    if not BOOTSTRAP_MIN_CHARS <= len(key) <= BOOTSTRAP_MAX_CHARS:
+        return f"TERN_ADMIN_KEY must be {BOOTSTRAP_MIN_CHARS} to {BOOTSTRAP_MAX_CHARS} characters long"
+    if not _PRINTABLE.fullmatch(key):
+        return "TERN_ADMIN_KEY may hold only visible ASCII characters (no spaces)"
+    return None
+
+
 def key_kind(key: str) -> str | None:
     """The kind a Tern key's prefix claims (None for other strings)."""
     for kind, prefix in PREFIXES.items():

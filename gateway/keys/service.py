@@ -20,7 +20,7 @@ from gateway.audit.service import record
 from gateway.auth.identity import SYSTEM, Actor
 from gateway.exceptions import Forbidden, InvalidInput
 from gateway.keys.exceptions import BootstrapKeyProtected, KeyNotFound, KeyNotRotatable
-from gateway.keys.format import display_hint, generate_key, hash_key
+from gateway.keys.format import bootstrap_key_problem, display_hint, generate_key, hash_key
 from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyOut
 from gateway.tenants.service import get_tenant
@@ -259,8 +259,12 @@ async def bootstrap_admin_key(
 
     Safe to run from several gateway processes at once: ``INSERT ... ON CONFLICT DO NOTHING`` on the
     unique hash lets exactly one insert win (the others wait for it, then insert nothing), and only
-    the winner writes the audit row, in the same transaction.
+    the winner writes the audit row, in the same transaction. A key that could never authenticate
+    is refused (ValueError), never registered.
     """
+    problem = bootstrap_key_problem(admin_key)
+    if problem is not None:
+        raise ValueError(problem)
     insert_once = (
         pg_insert(ApiKey)
         .values(

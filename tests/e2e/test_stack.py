@@ -22,7 +22,6 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -32,87 +31,11 @@ import httpx
 import openai
 import pytest
 import redis
-
-from tern_stack.services import free_port
+from running_stack import STOP_DEADLINE_S, RunningStack, sessions_alive, start_stack
 
 pytestmark = pytest.mark.slow
 
-READY_DEADLINE_S = 600.0
-STOP_DEADLINE_S = 90.0
 PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
-
-
-def _sessions_alive(session_ids: set[int]) -> list[str]:
-    """Processes (``pid comm``) whose process group or session is one of ``session_ids``."""
-    alive = []
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            pid_and_comm, rest = stat_file.read_text().rsplit(") ", 1)
-        except OSError:
-            continue
-        state, _ppid, pgrp, session = rest.split()[:4]
-        if state != "Z" and (int(pgrp) in session_ids or int(session) in session_ids):
-            alive.append(pid_and_comm.replace(" (", " "))
-    return alive
-
-
-@dataclass
-class RunningStack:
-    """One ``tern up`` process and what it wrote to its data dir."""
-
-    process: subprocess.Popen[bytes]
-    data_dir: Path
-    log_path: Path
-    info: dict[str, Any]
-
-    @property
-    def url(self) -> str:
-        return str(self.info["gateway_url"])
-
-    @property
-    def admin_key(self) -> str:
-        return (self.data_dir / "admin_key").read_text().strip()
-
-    @property
-    def demo_key(self) -> str:
-        return (self.data_dir / "demo_key").read_text().strip()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:]
-
-    def stop(self) -> int:
-        """SIGTERM, as a service manager would send; the exit code."""
-        self.process.send_signal(signal.SIGTERM)
-        return self.process.wait(timeout=STOP_DEADLINE_S)
-
-
-def start_stack(data_dir: Path, *, extra_env: dict[str, str] | None = None) -> RunningStack:
-    """``tern up`` as ``make up`` runs it, in its own session, ready once ``run.json`` appears."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith("TERN_") and name not in ("DATABASE_URL", "REDIS_URL")
-    }
-    env.update({"TERN_GATEWAY_PORT": str(free_port()), **(extra_env or {})})
-    log_path = data_dir.parent / f"tern-up-{time.monotonic_ns()}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "tern_cli", "up", "--data-dir", str(data_dir)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    run_file = data_dir / "run.json"
-    deadline = time.monotonic() + READY_DEADLINE_S
-    while not run_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-            pytest.fail(f"tern up did not become ready:\n{log_path.read_text(errors='replace')[-4000:]}")
-        time.sleep(0.2)
-    return RunningStack(process, data_dir, log_path, json.loads(run_file.read_text()))
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +98,89 @@ def test_tern_up_is_ready_and_prints_a_working_demo_key(stack: RunningStack) -> 
     assert "from openai import OpenAI" in output and "curl " in output
     models = httpx.get(f"{stack.url}/v1/models", headers={"Authorization": f"Bearer {stack.demo_key}"})
     assert models.status_code == 200, models.text
+
+
+def test_logs_are_clean_json_not_flooded_by_probes(stack: RunningStack) -> None:
+    """Issue 18: start-up polling and the gateway's engine probes leave the logs to real requests,
+    and JSON lines carry no terminal colour codes."""
+    logs = stack.data_dir / "logs"
+    gateway_lines = [line for line in (logs / "gateway.log").read_text().splitlines() if line.startswith("{")]
+    assert gateway_lines and all(json.loads(line) for line in gateway_lines)
+    assert not any("\\u001b" in line or "color_message" in line for line in gateway_lines)
+    readyz = [line for line in gateway_lines if '"path":"/readyz"' in line]
+    assert len(readyz) <= 8, f"{len(readyz)} /readyz polls logged while starting"
+    engine_log = (logs / "engine.log").read_text()
+    assert "/rpc/v1/models" not in engine_log and "/rpc/v1/health" not in engine_log
+
+
+def test_tern_admin_finds_this_stack_by_itself(stack: RunningStack) -> None:
+    """Issue 18, defect 2: from the directory holding `.tern`, no variables needed."""
+    result = tern_beside(stack, "admin", "create-tenant", "made-by-the-cli")
+    assert result.returncode == 0, result.stderr
+    with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {stack.admin_key}"}) as admin:
+        names = [tenant["name"] for tenant in admin.get("/admin/tenants").json()["data"]]
+    assert "made-by-the-cli" in names
+
+
+def tern_beside(stack: RunningStack, *argv: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    """``tern ARGV`` run from the directory holding the stack's ``.tern``, with no Tern variables set."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TERN_") and k != "DATABASE_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "tern_cli", *argv],
+        cwd=stack.data_dir.parent,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_tern_status_shows_what_runs_where_and_the_key_files(stack: RunningStack) -> None:
+    result = tern_beside(stack, "status")
+    assert result.returncode == 0, result.stderr
+    assert stack.url in result.stdout and "ready (database ok, redis ok, engine ok)" in result.stdout
+    for name in ("admin_key", "demo_key", "secret"):
+        assert str(stack.data_dir / name) in result.stdout
+    assert stack.admin_key not in result.stdout and stack.demo_key not in result.stdout, "paths, not keys"
+    as_json = json.loads(tern_beside(stack, "status", "--json").stdout)
+    assert as_json["ready"] and as_json["gateway_url"] == stack.url
+    assert {name for name, process in as_json["processes"].items() if process["alive"]} == set(
+        stack.info["pids"]
+    )
+
+
+def test_tern_chat_answers_a_question_from_a_pipe(stack: RunningStack) -> None:
+    """``echo ... | tern chat``: one question, the streamed answer, exit 0; the demo key found by itself."""
+    result = tern_beside(
+        stack, "chat", "--temperature", "0", "--max-tokens", "24", stdin=PROMPT[0]["content"]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout
+    direct = tern_beside(stack, "chat", "--url", stack.info["engine_urls"][0], "--max-tokens", "4", "Hi")
+    assert direct.returncode == 0 and direct.stdout.strip(), direct.stderr  # an engine, no key
+
+
+def test_tern_chat_keeps_the_conversation_until_cleared(stack: RunningStack) -> None:
+    """Each turn sends the whole conversation (the prompt grows); /clear forgets it, /system sets one."""
+    turns = ["What is the capital of France?", "And of Italy?", "/clear", "And of Italy?"]
+    turns += ["/system Be brief.", "Hi", "/exit", "Ignored"]
+    script = "".join(f"{turn}\n" for turn in turns)
+    result = tern_beside(
+        stack, "chat", "--interactive", "--verbose", "--temperature", "0", "--max-tokens", "16", stdin=script
+    )
+    assert result.returncode == 0, result.stderr
+    usage = [
+        [int(word) for word in line.strip("[]").split() if word.isdigit()]
+        for line in result.stderr.splitlines()
+        if line.startswith("[") and "prompt tokens" in line
+    ]
+    assert len(usage) == 4, result.stderr  # nothing after /exit
+    (first_prompt, first_completion), (second_prompt, _), (cleared_prompt, _), (system_prompt, _) = usage
+    assert second_prompt > first_prompt + first_completion, "the first exchange was sent again"
+    assert cleared_prompt < second_prompt, "/clear forgot it"
+    assert system_prompt != cleared_prompt
+    assert "(conversation cleared)" in result.stderr and "(system prompt set" in result.stderr
 
 
 def test_admin_api_created_the_tenant_and_key(tenant_key: dict[str, Any], admin: httpx.Client) -> None:
@@ -273,7 +279,7 @@ def test_restart_reuses_data_and_keys(stack: RunningStack, workdir: Path) -> Non
         made = admin.post("/admin/tenants", json={"name": "survives-restart"})
         assert made.status_code == 201, made.text
     assert first.stop() == 0, first.log()
-    assert not _sessions_alive(set(first.info["pids"].values()))
+    assert not sessions_alive(set(first.info["pids"].values()))
 
     second = start_stack(data_dir, extra_env=borrowed_engine)
     try:
@@ -285,7 +291,7 @@ def test_restart_reuses_data_and_keys(stack: RunningStack, workdir: Path) -> Non
         assert models.status_code == 200
     finally:
         assert second.stop() == 0, second.log()
-    assert not _sessions_alive(set(second.info["pids"].values()))
+    assert not sessions_alive(set(second.info["pids"].values()))
 
 
 def test_external_database_and_redis_are_used_not_started(
@@ -328,9 +334,9 @@ def test_sigterm_stops_everything_with_no_orphans(stack: RunningStack) -> None:
     """Runs last: stops the module's stack."""
     pids = set(stack.info["pids"].values())
     assert {"postgres", "redis", "engine", "gateway", "watchdog"} <= set(stack.info["pids"])
-    assert _sessions_alive(pids)
+    assert sessions_alive(pids)
     assert stack.stop() == 0, stack.log()
-    assert not _sessions_alive(pids), stack.log()
+    assert not sessions_alive(pids), stack.log()
     assert not (stack.data_dir / "run.json").exists()
     output = stack.log()
     order = [

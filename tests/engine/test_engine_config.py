@@ -42,6 +42,7 @@ def test_probe_requests_are_left_out_of_the_access_log() -> None:
     keep = ProbeAccessFilter().filter
     assert not keep(record("/health"))
     assert not keep(record("/rpc/v1/health"))
+    assert not keep(record("/rpc/v1/models"))  # the gateway reads it after every health probe
     assert not keep(record("/metrics?x=1"))
     assert keep(record("/v1/chat/completions"))
     assert keep(record("/rpc/v1/generate"))

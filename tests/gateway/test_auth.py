@@ -114,3 +114,21 @@ async def test_bootstrap_is_idempotent_under_concurrency(
     audit = (await client.get("/admin/audit?action=key.bootstrap", headers=admin_headers)).json()["data"]
     assert len(audit) == 2  # the test key's and this one's, once each
     assert (await client.get("/admin/tenants", headers=bearer(new_key))).status_code == 200
+
+
+async def test_a_bootstrap_key_that_could_not_authenticate_is_never_registered(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], app
+) -> None:
+    """Issue 18, defect 12: ``tern_`` + anything without a Tern checksum never passes the key check."""
+    from gateway.keys.service import bootstrap_admin_key
+
+    unusable = "tern_admin_" + "0123456789abcdef" * 2 + "QRST"
+    secret = app.state.settings.secret_bytes()
+    with pytest.raises(ValueError, match="checksum"):
+        await bootstrap_admin_key(gateway_state(app).sessionmaker, admin_key=unusable, secret=secret)
+    keys = (await client.get("/admin/keys?kind=admin", headers=admin_headers)).json()["data"]
+    assert all(k["hint"] != f"...{unusable[-4:]}" for k in keys)
+
+    generated = generate_key("admin")  # a key Tern generated may be the bootstrap key
+    assert await bootstrap_admin_key(gateway_state(app).sessionmaker, admin_key=generated, secret=secret)
+    assert (await client.get("/admin/tenants", headers=bearer(generated))).status_code == 200

@@ -11,6 +11,7 @@ from gateway.keys.format import (
     BASE62,
     CHECKSUM_CHARS,
     RANDOM_CHARS,
+    bootstrap_key_problem,
     display_hint,
     generate_key,
     has_valid_checksum,
@@ -57,3 +58,18 @@ def test_hash_depends_on_the_server_secret_and_hint_shows_only_the_tail() -> Non
     assert hash_key(key, b"secret-one") != hash_key(key, b"secret-two")
     assert len(hash_key(key, b"secret-one")) == 64
     assert display_hint(key) == f"tern_ak_...{key[-4:]}"
+
+
+def test_bootstrap_key_rules_match_what_can_authenticate() -> None:
+    """Issue 18, defect 12: every key the bootstrap accepts passes :func:`is_plausible_key`."""
+    unusable = ["tern_admin_" + "0" * 32, "tern_ak_" + "a" * 38, "x" * 31, "x" * 513, "x" * 40 + " y"]
+    usable = [
+        "x" * 32,
+        "operator-chosen-admin-key-0123456789",
+        generate_key("admin"),
+        generate_key("inference"),
+    ]
+    for key in unusable:
+        assert bootstrap_key_problem(key) is not None and not is_plausible_key(key), key
+    for key in usable:
+        assert bootstrap_key_problem(key) is None and is_plausible_key(key), key

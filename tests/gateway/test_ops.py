@@ -108,3 +108,14 @@ async def test_access_log_is_one_json_line_with_the_request_id(
     assert line["request_id"] == response.headers["x-request-id"] != "log-me-123"
     assert line["client_request_id"] == "log-me-123"  # the caller's id, logged for correlation only
     assert line["route"] == "/healthz" and line["status"] == 200 and line["duration_ms"] >= 0
+
+
+def test_json_logs_carry_no_ansi_colour_codes() -> None:
+    """Issue 18: uvicorn attaches a coloured copy of its messages (``color_message``) for terminals."""
+    record = logging.LogRecord(
+        "uvicorn.error", logging.INFO, "", 0, "Started server process [%d]", (42,), None
+    )
+    record.color_message = "Started server process [\x1b[36m%d\x1b[0m]"
+    line = JsonFormatter().format(record)
+    assert "\\u001b" not in line and "\x1b" not in line
+    assert json.loads(line)["msg"] == "Started server process [42]"
