@@ -173,19 +173,19 @@ class Int8PackedCpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8_per_row=True"
 
 
-def pack_cpu_linears(model: nn.Module) -> int:
+def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
     """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
 
     - bfloat16 (after fusing q/k/v and gate/up where the model can): ``nn.Linear`` by
       ``OneDnnPackedLinear``, ``Int4Linear`` by ``Int4PackedCpuLinear``;
-    - float32 with 4-bit weights (a CPU without native bf16: the GGUF loaded with its Q4 linears
-      kept): ``Int4Linear`` by ``Int4PackedCpuLinear``, ``nn.Linear`` (the lm_head) by
-      ``Int8PackedCpuLinear``, after fusing;
+    - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
+      GGUF with its Q4 linears kept): ``Int4Linear`` by ``Int4PackedCpuLinear``, ``nn.Linear`` (the
+      lm_head) by ``Int8PackedCpuLinear``, after fusing;
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
     bf16 = dtype == torch.bfloat16 and onednn_packing_available()
-    int4_fp32 = dtype == torch.float32 and any(isinstance(m, Int4Linear) for m in model.modules())
+    int4_fp32 = dtype == torch.float32 and int4_in_float32
     if not (bf16 or int4_fp32) and not (dtype == torch.float32 and mkl_packing_available()):
         return 0
     if (bf16 or int4_fp32) and hasattr(model, "fuse_projections"):
