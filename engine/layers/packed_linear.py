@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.config import cpu_has_native_bf16
 from engine.layers.quant.linear import Int4Linear
 
 PACKED_ROWS = 16
@@ -63,23 +64,26 @@ class MklPackedLinear(nn.Module):
 
 
 def onednn_packing_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    """oneDNN's packed bf16 linears: they refuse a CPU without AVX512 (or AVX-NE-CONVERT), so
+    ``--dtype bfloat16`` there keeps plain linears instead of failing at start-up."""
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        and cpu_has_native_bf16()
+    )
 
 
 class OneDnnPackedLinear(nn.Module):
     """Drop-in for a bfloat16 CPU ``nn.Linear`` (weight ``[N, K]``), holding only the oneDNN-packed weight."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
+        weight, bias = linear.weight, linear.bias
         self.out_features, self.in_features = weight.shape
         self.bias = bias
         with torch.no_grad():
             # The row-count hint only picks the layout; every row count runs on it.
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-
-    @classmethod
-    def from_linear(cls, linear: nn.Linear) -> OneDnnPackedLinear:
-        return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -176,31 +180,29 @@ class Int8PackedCpuLinear(nn.Module):
 def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
     """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
 
-    - bfloat16 (after fusing q/k/v and gate/up where the model can): ``nn.Linear`` by
-      ``OneDnnPackedLinear``, ``Int4Linear`` by ``Int4PackedCpuLinear``;
+    - bfloat16 (after fusing q/k/v and gate/up where the model can): ``Int4Linear`` by
+      ``Int4PackedCpuLinear``, ``nn.Linear`` by ``OneDnnPackedLinear`` where oneDNN can (native bf16);
     - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
       GGUF with its Q4 linears kept): ``Int4Linear`` by ``Int4PackedCpuLinear``, ``nn.Linear`` (the
       lm_head) by ``Int8PackedCpuLinear``, after fusing;
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
-    bf16 = dtype == torch.bfloat16 and onednn_packing_available()
-    int4_fp32 = dtype == torch.float32 and int4_in_float32
-    if not (bf16 or int4_fp32) and not (dtype == torch.float32 and mkl_packing_available()):
-        return 0
-    if (bf16 or int4_fp32) and hasattr(model, "fuse_projections"):
+    int4_kernels = dtype == torch.bfloat16 or (dtype == torch.float32 and int4_in_float32)
+    if dtype == torch.bfloat16:
+        pack_dense: type[nn.Module] | None = OneDnnPackedLinear if onednn_packing_available() else None
+    elif int4_kernels:
+        pack_dense = Int8PackedCpuLinear
+    else:
+        pack_dense = MklPackedLinear if dtype == torch.float32 and mkl_packing_available() else None
+    if int4_kernels and hasattr(model, "fuse_projections"):
         model.fuse_projections()
     replaced = 0
     for name, module in list(model.named_modules()):
         new: nn.Module | None = None
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == dtype:
-            if bf16:
-                new = OneDnnPackedLinear.from_linear(module)
-            elif int4_fp32:
-                new = Int8PackedCpuLinear(module)
-            else:
-                new = MklPackedLinear(module)
-        elif (bf16 or int4_fp32) and isinstance(module, Int4Linear) and Int4PackedCpuLinear.supports(module):
+            new = None if pack_dense is None else pack_dense(module)
+        elif int4_kernels and isinstance(module, Int4Linear) and Int4PackedCpuLinear.supports(module):
             new = Int4PackedCpuLinear(module)
         if new is not None:
             model.set_submodule(name, new)

@@ -89,7 +89,7 @@ def test_onednn_packed_linear_matches_linear(rows: int) -> None:
     linear = nn.Linear(192, 320).bfloat16()
     x = torch.randn(3, rows, 192).bfloat16()
     reference = F.linear(x.float(), linear.weight.float(), linear.bias.float())
-    out = OneDnnPackedLinear.from_linear(linear)(x)
+    out = OneDnnPackedLinear(linear)(x)
     assert out.shape == (3, rows, 320)
     assert (out.float() - reference).abs().max().item() <= bf16_error_bound(reference)
 
