@@ -187,3 +187,15 @@ def test_fast_path_prefix_cache_on_equals_off() -> None:
     with_cache = generated(cached, *requests)
     assert cached.metrics.cached_prompt_tokens._value.get() - hits_before >= 8 * 64
     assert with_cache == generated(fast_engine(prefix_cache=False), *requests)
+
+
+@pytest.mark.slow
+def test_explicit_bfloat16_serves_on_any_cpu() -> None:
+    """``--dtype bfloat16`` where oneDNN cannot pack bf16 (an AVX2-only CPU) used to fail at start-up;
+    it serves there with the int4 kernels and plain bf16 linears (on native-bf16 CPUs: the default)."""
+    engine = LLMEngine.from_config(EngineConfig(device="cpu", dtype="bfloat16", num_threads=1))
+    assert isinstance(engine.runner.model.model.layers[0].mlp.gate_up_proj, Int4PackedCpuLinear)
+    request = chat("bf16", "What is the capital of France?", max_tokens=16)
+    request.sampling.ignore_eos = False
+    text = "".join(f.text for f in generate_frames(engine, [request])["bf16"] if f.type == "delta")
+    assert "Paris" in text, text
