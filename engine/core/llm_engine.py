@@ -42,6 +42,8 @@ from engine.core.stopping import StopStringMatcher
 from engine.layers.packed_linear import pack_cpu_linears
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
+from engine.structured.grammar import GrammarCompiler
+from engine.structured.tools import ToolCallParser
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class _Choice:
 
     detokenizer: IncrementalDetokenizer
     stop: StopStringMatcher
+    tools: ToolCallParser | None = None
     seq: Sequence | None = None
     finish_reason: FinishReason | None = None
     num_tokens: int = 0
@@ -102,6 +105,7 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
         self.metrics = EngineMetrics()
+        self.grammars = GrammarCompiler(tokenizer, vocab_size=model_config.vocab_size, metrics=self.metrics)
         self._requests: dict[str, _Request] = {}
         self._update_gauges()
 
@@ -153,6 +157,7 @@ class LLMEngine:
             _Choice(
                 IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt),
                 StopStringMatcher(list(sampling.stop)),
+                tools=request.tool_parser() if request.tool_parser else None,
             )
             for _ in range(sampling.n)
         ]
@@ -193,6 +198,7 @@ class LLMEngine:
             generator=generator,
             cache_namespace=state.request.cache_namespace,
             arrival_time=state.arrival_time,
+            matcher=state.request.grammar.matcher() if state.request.grammar else None,
         )
 
     def abort_request(self, request_id: str, reason: FinishReason = "abort") -> RequestOutput | None:
@@ -289,6 +295,8 @@ class LLMEngine:
             text = choice.stop.feed(choice.detokenizer.push(token_id))
             if choice.stop.stopped:
                 reason = "stop"
+        if reason is None and _grammar_complete(seq, token_id):
+            reason = "stop"
         if reason is None and seq.num_output_tokens >= seq.max_tokens:
             reason = "length"
         if reason is not None and not choice.stop.stopped:
@@ -297,7 +305,21 @@ class LLMEngine:
             text += choice.stop.flush()
             if choice.stop.stopped:
                 reason = "stop"
-        delta = ChoiceDelta(index=seq.index, token_ids=[token_id], text=text, finish_reason=reason)
+        tool_calls = None
+        if choice.tools is not None:
+            text = choice.tools.feed(text)
+            if reason is not None:
+                rest, tool_calls = choice.tools.finish()
+                text += rest
+                if tool_calls and reason == "stop":
+                    reason = "tool_calls"
+        delta = ChoiceDelta(
+            index=seq.index,
+            token_ids=[token_id],
+            text=text,
+            tool_calls=tool_calls or None,
+            finish_reason=reason,
+        )
         if token.logprob is not None:
             delta.logprobs = [Logprob(token_id, token.logprob, list(token.top_logprobs or []))]
         if reason is not None:
@@ -345,6 +367,18 @@ class LLMEngine:
                 result.deltas.extend(out.deltas)
                 result.usage = out.usage or result.usage
         return results
+
+
+def _grammar_complete(seq: Sequence, token_id: int) -> bool:
+    """Advance a constrained sequence's grammar by its new token; True once the grammar allows
+    nothing more (so the choice ends without spending a step on the end-of-sequence token)."""
+    matcher = seq.matcher
+    if matcher is None:
+        return False
+    if not matcher.consume_token(token_id):  # cannot happen with the mask applied; end rather than drift
+        log.warning("request %s: grammar refused token %d: %s", seq.request_id, token_id, matcher.get_error())
+        return True
+    return matcher.is_stopped()
 
 
 def release_freed_memory() -> None:

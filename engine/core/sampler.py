@@ -5,8 +5,8 @@ Every transform is row-wise, and random draws come from each sequence's own
 the batch: a seeded request is reproducible. Sampling uses the exponential-race
 trick (``argmax(p / E)`` with ``E ~ Exp(1)``), which draws from ``p`` exactly.
 
-Order, as in vLLM and transformers: penalties, then temperature, then top-k,
-top-p and min-p. Reported logprobs are those of the model's raw distribution
+Order, as in vLLM and transformers: grammar masks (structured output), penalties,
+then temperature, then top-k, top-p and min-p. Reported logprobs are those of the model's raw distribution
 (before penalties and temperature), like the OpenAI API.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
+from engine.structured.grammar import mask_logits
 
 
 @dataclass
@@ -31,12 +32,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     """``logits`` [N, V] float32, one row per sequence in ``seqs``."""
     params = [s.sampling for s in seqs]
     if all(_is_plain_greedy(p) for p in params):  # the common case: one argmax over the batch
-        return [SampledToken(t) for t in _argmax(logits).tolist()]
+        return [SampledToken(t) for t in _argmax(apply_grammars(logits, seqs)).tolist()]
     raw_logprobs = None
     if any(p.logprobs or p.top_logprobs for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
 
-    logits = apply_penalties(logits, seqs)
+    logits = apply_penalties(apply_grammars(logits, seqs), seqs)
     token_ids = _argmax(logits)
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
     if random_rows:
@@ -52,6 +53,14 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     if raw_logprobs is not None:
         _attach_logprobs(results, raw_logprobs, params)
     return results
+
+
+def apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Forbid what each constrained sequence's grammar does not allow next; other rows are untouched."""
+    rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
+    if not rows:
+        return logits
+    return mask_logits(logits, rows, [m for s in seqs if (m := s.matcher) is not None])
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

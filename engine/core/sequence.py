@@ -10,8 +10,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import llguidance
 
 from engine.core.outputs import SamplingParams
 
@@ -48,6 +52,8 @@ class Sequence:
     num_preemptions: int = 0
     prefix_handle: object | None = None
     """Opaque state a prefix cache attaches (e.g. the locked tree node); released on free."""
+    matcher: llguidance.LLMatcher | None = None
+    """Structured output: where this sequence is in its grammar (masks its logits, eats its tokens)."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

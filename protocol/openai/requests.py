@@ -4,10 +4,11 @@ an RPC :class:`~protocol.rpc.GenerateRequest`.
 Parameter policy: unknown fields are a 400 ("Unrecognized request argument
 supplied"), as OpenAI answers. Known OpenAI fields that only describe the
 caller (``user``, ``store``, ``metadata``, ...) are accepted and ignored. Known
-fields that would change the output and that Tern cannot honour (``tools``,
-``logit_bias``, ``response_format`` other than text, ``echo``, ...) are a 400
-naming the parameter unless they are left at their neutral value, so a client
-never silently gets something other than what it asked for.
+fields that would change the output and that Tern cannot honour (``logit_bias``,
+``echo``, the deprecated ``functions``, ...) are a 400 naming the parameter unless
+they are left at their neutral value, so a client never silently gets something
+other than what it asked for. ``response_format`` and ``tools`` are honoured by
+constrained decoding in the engine (docs/structured-output.md).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors
-from protocol.rpc import GenerateRequest
+from protocol.rpc import GenerateRequest, NamedToolChoice, ToolChoice, ToolSpec
 
 # Accepted and ignored: they describe the caller, not the output.
-_IGNORED_FIELDS = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", "safety_identifier")
+_IGNORED_FIELDS = ("user", "store", "metadata", "service_tier", "safety_identifier")
 
 
 def _refuse_unsupported(data: Any, neutral: dict[str, tuple[Any, ...]]) -> Any:
@@ -158,6 +159,23 @@ class TextContentPart(BaseModel):
     text: str
 
 
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: str
+
+
+class ToolCallIn(BaseModel):
+    """A tool call an earlier assistant turn made, sent back as part of the conversation."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessageIn(BaseModel):
     """One chat message as OpenAI accepts it; text content only."""
 
@@ -167,8 +185,18 @@ class ChatMessageIn(BaseModel):
     content: str | list[TextContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     refusal: str | None = None
+
+    @model_validator(mode="after")
+    def _tool_result_names_its_call(self) -> ChatMessageIn:
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError(
+                "tern_invalid",
+                "Messages with role 'tool' must have a 'tool_call_id' naming the call they answer.",
+                {"param": "messages"},
+            )
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
@@ -194,9 +222,40 @@ class ChatMessageIn(BaseModel):
         message |= {
             k: v for k, v in (("name", self.name), ("tool_call_id", self.tool_call_id)) if v is not None
         }
-        if self.tool_calls is not None:
-            message["tool_calls"] = self.tool_calls
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         return message
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``text``, ``json_object`` or ``json_schema`` (one model, so errors name plain paths)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+    @model_validator(mode="after")
+    def _schema_given_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise PydanticCustomError(
+                "tern_invalid",
+                "'response_format.json_schema' is required with type 'json_schema' and only allowed with it.",
+                {"param": "response_format.json_schema"},
+            )
+        return self
+
+
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
 
 
 class ChatCompletionRequest(_Request):
@@ -210,6 +269,10 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -218,11 +281,8 @@ class ChatCompletionRequest(_Request):
             data,
             {
                 "logit_bias": ({},),
-                "tools": ([],),
-                "tool_choice": ("none",),
                 "functions": ([],),
                 "function_call": ("none",),
-                "response_format": ({"type": "text"},),
                 "modalities": (["text"],),
                 "audio": (),
                 "prediction": (),
@@ -242,6 +302,37 @@ class ChatCompletionRequest(_Request):
             )
         return top_logprobs
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        tools: list[ToolSpec] = info.data.get("tools") or []
+        if choice is None or choice == "none":
+            return choice
+        if not tools:
+            raise PydanticCustomError(
+                "tern_invalid",
+                "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
+                {"param": "tool_choice"},
+            )
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
+            t.function.name for t in tools
+        }:
+            raise PydanticCustomError(
+                "tern_invalid",
+                "Invalid value for 'tool_choice': no function named '{name}' is in 'tools'.",
+                {"param": "tool_choice", "name": choice.function.name},
+            )
+        return choice
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema ``response_format`` constrains the output to (None: free text)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.json_schema is not None and fmt.json_schema.schema_ is not None:
+            return fmt.json_schema.schema_
+        return ANY_JSON_OBJECT
+
     def to_generate_request(
         self, *, request_id: str, cache_namespace: str | None = None, deadline: float | None = None
     ) -> GenerateRequest:
@@ -249,16 +340,25 @@ class ChatCompletionRequest(_Request):
         sampling = self._sampling(
             max_tokens=max_tokens, logprobs=self.logprobs, top_logprobs=self.top_logprobs or 0
         )
-        return _generate_request(
-            {
-                "request_id": request_id,
-                "model": self.model,
-                "messages": [m.to_rpc() for m in self.messages],
-                "sampling": sampling,
-                "cache_namespace": cache_namespace,
-                "deadline": deadline,
-            }
-        )
+        fields: dict[str, Any] = {
+            "request_id": request_id,
+            "model": self.model,
+            "messages": [m.to_rpc() for m in self.messages],
+            "sampling": sampling,
+            "cache_namespace": cache_namespace,
+            "deadline": deadline,
+        }
+        # Only when asked for, so the usual request validates no more than before.
+        if (schema := self.json_schema()) is not None:
+            fields["json_schema"] = schema
+        if self.tools:
+            fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+            if self.tool_choice is not None:
+                choice = self.tool_choice
+                fields["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+            if self.parallel_tool_calls is not None:
+                fields["parallel_tool_calls"] = self.parallel_tool_calls
+        return _generate_request(fields)
 
 
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
