@@ -39,7 +39,7 @@ and its arguments, and nothing else:
 <tool_call>
 {{"name": "<function name>", "arguments": {{<arguments as JSON>}}}}
 </tool_call>
-A function's result comes back in a <tool_response></tool_response> block."""
+Each function's result comes back to you in a message from the tool."""
 """For chat templates without tool support: a system-prompt description in the hermes format."""
 
 
@@ -100,13 +100,13 @@ def _with_parsed_arguments(message: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _as_text_turn(message: Mapping[str, Any]) -> dict[str, Any]:
-    """A tool call or result as plain text, for templates that only know role and content."""
+    """A tool call as plain text, for templates that only know role and content."""
     role, content = message["role"], message.get("content") or ""
     if role == "assistant" and message.get("tool_calls"):
         blocks = [_hermes_block(**c["function"]) for c in message["tool_calls"]]
         return {"role": "assistant", "content": "\n".join([content, *blocks]).strip()}
-    if role == "tool":
-        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    # A result keeps its own role: ChatML templates write any role, and small models answer from a
+    # "tool" turn where they echo a <tool_response> block in a user turn (measured on SmolLM2).
     return {"role": role, "content": content}
 
 

@@ -159,11 +159,28 @@ class TextContentPart(BaseModel):
     text: str
 
 
+def _drop_sdk_echoes(data: Any, fields: tuple[str, ...]) -> Any:
+    """Drop what the ``openai`` SDK adds to a reply it parsed (``parsed``, ``parsed_arguments``,
+    empty ``annotations``...), so that appending ``completion.choices[0].message`` to the
+    conversation, as the SDK's docs do, just works. Only empty values or the SDK's own fields."""
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if k not in fields or (k not in _SDK_ONLY and v)}
+    return data
+
+
+_SDK_ONLY = ("parsed", "parsed_arguments")
+
+
 class FunctionCallIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str
     arguments: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sdk_echoes(cls, data: Any) -> Any:
+        return _drop_sdk_echoes(data, ("parsed_arguments",))
 
 
 class ToolCallIn(BaseModel):
@@ -187,6 +204,11 @@ class ChatMessageIn(BaseModel):
     tool_call_id: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     refusal: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sdk_echoes(cls, data: Any) -> Any:
+        return _drop_sdk_echoes(data, ("parsed", "annotations", "audio", "function_call"))
 
     @model_validator(mode="after")
     def _tool_result_names_its_call(self) -> ChatMessageIn:

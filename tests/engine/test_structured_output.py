@@ -282,7 +282,7 @@ def test_templates_without_tool_support_get_the_tools_and_tool_turns_as_text() -
     )
     call = '{"name": "get_weather", "arguments": {"unit": "c", "days": 1}}'
     assert messages[2] == {"role": "assistant", "content": f"<tool_call>\n{call}\n</tool_call>"}
-    assert messages[3] == {"role": "user", "content": "<tool_response>\n18 degrees\n</tool_response>"}
+    assert messages[3] == {"role": "tool", "content": "18 degrees"}
 
 
 def test_templates_with_tool_support_get_tools_and_parsed_arguments() -> None:
