@@ -11,7 +11,7 @@ Prints one JSON object:
   time of each, their ratio, and whether the unconstrained rows produced the same tokens in
   both (batch independence). Steps are interleaved A/B and the median is reported.
 
-    python -m engine.bench.structured [--rows 8] [--steps 24] [--threads N]
+    python -m engine.bench.structured [--rows 8] [--steps 16] [--rounds 4] [--threads N]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def bench_compile(engine: LLMEngine) -> dict[str, Any]:
     }
 
 
-def bench_mixed_batch(engine: LLMEngine, *, rows: int, steps: int) -> dict[str, Any]:
+def bench_mixed_batch(engine: LLMEngine, *, rows: int, steps: int, rounds: int) -> dict[str, Any]:
     """Same-size batches: unconstrained rows plus more unconstrained rows (A) or constrained ones (B)."""
     long_text = {
         "type": "object",
@@ -160,17 +160,18 @@ def bench_mixed_batch(engine: LLMEngine, *, rows: int, steps: int) -> dict[str, 
 
     step_ms: dict[str, list[float]] = {"unconstrained": [], "mixed": []}
     tokens: dict[str, dict[str, list[int]]] = {"unconstrained": {}, "mixed": {}}
-    for _ in range(2):  # interleaved rounds
+    for _ in range(rounds):  # interleaved, so a noisy neighbour hits both alike
         for name, constrained in (("unconstrained", False), ("mixed", True)):
             for request in batch(name, constrained):
                 engine.add_request(request)
-            engine.step()  # prefill (all prompts fit one step) and the first token
+            first_step = True  # the prefill: not a decode step
             while engine.has_unfinished_requests():
                 started = time.perf_counter()
                 outputs = engine.step()
                 elapsed = (time.perf_counter() - started) * 1000
-                if engine.has_unfinished_requests():
+                if not first_step and engine.has_unfinished_requests():
                     step_ms[name].append(elapsed)
+                first_step = False
                 for out in outputs:
                     if "-free-" in out.request_id:
                         key = out.request_id.split("-", 1)[1]
@@ -181,6 +182,7 @@ def bench_mixed_batch(engine: LLMEngine, *, rows: int, steps: int) -> dict[str, 
         "batch_rows": 2 * rows,
         "constrained_rows_in_mixed": rows,
         "decode_steps": steps,
+        "rounds": rounds,
         "step_ms_unconstrained_only": round(a, 2),
         "step_ms_mixed": round(b, 2),
         "unconstrained_speed_ratio": round(a / b, 3),
@@ -200,7 +202,8 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, default=8, help="unconstrained rows; the batch has twice as many")
-    p.add_argument("--steps", type=int, default=24, help="decode steps per batch")
+    p.add_argument("--steps", type=int, default=16, help="decode steps per batch")
+    p.add_argument("--rounds", type=int, default=4, help="A/B rounds, interleaved")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     engine = LLMEngine.from_config(EngineConfig(num_threads=args.threads, enable_prefix_cache=False))
@@ -208,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "model": engine.model_name,
         "threads": torch.get_num_threads(),
         "compile": bench_compile(engine),
-        "mixed_batch": bench_mixed_batch(engine, rows=args.rows, steps=args.steps),
+        "mixed_batch": bench_mixed_batch(engine, rows=args.rows, steps=args.steps, rounds=args.rounds),
     }
     print(json.dumps(result))
 

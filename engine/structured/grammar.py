@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import llguidance
+import numpy as np
 import torch
 
 from engine.core.outputs import RequestError
@@ -28,8 +29,6 @@ from engine.tokenizer import Tokenizer
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """One-line JSON with the spacing models write by habit: no runaway newlines, natural-reading output."""
-
-_BITS = torch.arange(32, dtype=torch.int32)
 
 
 @dataclass(frozen=True)
@@ -137,11 +136,10 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[llguidance
     so unconstrained sequences in the batch sample exactly as they would alone)."""
     vocab = logits.shape[1]
     words = (vocab + 31) // 32
-    bits = torch.empty((len(rows), words), dtype=torch.int32)
-    stride = words * bits.element_size()
+    bits = np.empty((len(rows), words), dtype=np.int32)
     for j, matcher in enumerate(matchers):
-        matcher.unsafe_compute_mask_ptr(bits[j].data_ptr(), stride)
-    allowed = ((bits.unsqueeze(-1) >> _BITS) & 1).view(len(rows), words * 32)[:, :vocab].bool()
+        matcher.unsafe_compute_mask_ptr(bits[j].ctypes.data, bits[j].nbytes)
+    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :vocab].view(np.bool_)
     index = torch.tensor(rows, device=logits.device)
-    masked = logits[index].masked_fill(~allowed.to(logits.device), float("-inf"))
+    masked = torch.where(torch.from_numpy(allowed).to(logits.device), logits[index], float("-inf"))
     return logits.index_put((index,), masked)

@@ -13,6 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
+from engine.bench.structured import bench_mixed_batch
 from engine.core.outputs import RequestError
 from engine.serving.frames import generate_frames
 from engine.serving.requests import engine_request
@@ -350,3 +351,8 @@ def test_llama3_json_calls_are_parsed() -> None:
     ]
     content, calls = feed_all(ToolCallParser(tools, ToolCallFormat.LLAMA3_JSON), ["It is {noon}."])
     assert (content, calls) == ("It is {noon}.", [])
+
+
+def test_the_mixed_batch_benchmark_checks_batch_independence(make_engine: EngineFactory) -> None:
+    result = bench_mixed_batch(make_engine(), rows=2, steps=4, rounds=1)
+    assert result["unconstrained_tokens_identical"] is True and result["batch_rows"] == 4
