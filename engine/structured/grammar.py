@@ -13,6 +13,7 @@ Why llguidance and not xgrammar: docs/structured-output.md (measured side by sid
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -110,13 +111,18 @@ class GrammarCompiler:
         source = llguidance.LLMatcher.grammar_from_lark(lark)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, tokenizer)
         if is_error or messages:  # warnings are keywords it would ignore: refuse those too
-            raise RequestError(
-                f"The schema cannot be enforced by structured output: {'; '.join(messages)}", param=param
+            reasons = "; ".join(
+                _LOCATION.sub("", m).removeprefix("failed to compile JSON schema: ") for m in messages
             )
+            raise RequestError(f"The schema cannot be enforced by structured output: {reasons}", param=param)
         matcher = llguidance.LLMatcher(tokenizer, source, log_level=0)
         if matcher.is_error():
             raise RequestError(f"The schema cannot be used: {matcher.get_error()}", param=param)
         return Grammar(source, matcher)
+
+
+_LOCATION = re.compile(r"^at \d+\(\d+\): ")
+"""The position in Tern's own wrapping grammar that llguidance prefixes its messages with."""
 
 
 def lark_json(schema: dict[str, Any]) -> str:
