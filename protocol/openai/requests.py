@@ -66,6 +66,10 @@ _STREAM_OPTIONS_RULE: JsonDict = {
     "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
     "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
 }
+_TOOL_CHOICE_RULE: JsonDict = {
+    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
+    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
+}
 _TOP_LOGPROBS_RULE: JsonDict = {
     "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
     "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
@@ -193,10 +197,16 @@ class ToolCallIn(BaseModel):
     function: FunctionCallIn
 
 
+_TOOL_RESULT_RULE: JsonDict = {
+    "if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
+    "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}},
+}
+
+
 class ChatMessageIn(BaseModel):
     """One chat message as OpenAI accepts it; text content only."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [_TOOL_RESULT_RULE]})
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
@@ -212,7 +222,7 @@ class ChatMessageIn(BaseModel):
 
     @model_validator(mode="after")
     def _tool_result_names_its_call(self) -> ChatMessageIn:
-        if self.role == "tool" and not self.tool_call_id:
+        if self.role == "tool" and self.tool_call_id is None:
             raise PydanticCustomError(
                 "tern_invalid",
                 "Messages with role 'tool' must have a 'tool_call_id' naming the call they answer.",
@@ -261,7 +271,14 @@ class JsonSchemaSpec(BaseModel):
 class ResponseFormat(BaseModel):
     """``text``, ``json_object`` or ``json_schema`` (one model, so errors name plain paths)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
+            "then": {"required": ["json_schema"]},
+            "else": {"not": {"required": ["json_schema"]}},
+        },
+    )
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaSpec | None = None
@@ -284,7 +301,8 @@ class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE]}
+        extra="forbid",
+        json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE, _TOOL_CHOICE_RULE]},
     )
 
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -293,7 +311,9 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     tools: list[ToolSpec] | None = Field(default=None, max_length=128)
-    tool_choice: ToolChoice | None = None
+    tool_choice: ToolChoice | None = Field(
+        default=None, description="A named function must be one of `tools` (else a 400, as on OpenAI)"
+    )
     parallel_tool_calls: bool | None = None
 
     @model_validator(mode="before")
