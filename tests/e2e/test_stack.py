@@ -72,10 +72,9 @@ def model(stack: RunningStack) -> str:
     return client.models.list().data[0].id
 
 
-@pytest.fixture(scope="module")
-def tenant_key(admin: httpx.Client) -> dict[str, Any]:
+def new_tenant_and_key(admin: httpx.Client, prefix: str) -> dict[str, Any]:
     """A tenant and an inference key made through the admin API, as an operator would."""
-    tenant = admin.post("/admin/tenants", json={"name": f"e2e-{uuid.uuid4().hex[:8]}"})
+    tenant = admin.post("/admin/tenants", json={"name": f"{prefix}-{uuid.uuid4().hex[:8]}"})
     assert tenant.status_code == 201, tenant.text
     key = admin.post(
         "/admin/keys", json={"tenant_id": tenant.json()["id"], "name": "e2e app", "kind": "inference"}
@@ -84,9 +83,18 @@ def tenant_key(admin: httpx.Client) -> dict[str, Any]:
     return {"tenant": tenant.json(), **key.json()}
 
 
+def client_for(stack: RunningStack, key: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key["key"], max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tenant_key(admin: httpx.Client) -> dict[str, Any]:
+    return new_tenant_and_key(admin, "e2e")
+
+
 @pytest.fixture(scope="module")
 def client(stack: RunningStack, tenant_key: dict[str, Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=tenant_key["key"], max_retries=0)
+    return client_for(stack, tenant_key)
 
 
 # Usage the engine reported to the client, per completion; the usage report must add up to it.
@@ -291,18 +299,12 @@ structured_usage: list[openai.types.CompletionUsage] = []
 
 @pytest.fixture(scope="module")
 def structured_key(admin: httpx.Client) -> dict[str, Any]:
-    tenant = admin.post("/admin/tenants", json={"name": f"e2e-structured-{uuid.uuid4().hex[:8]}"})
-    assert tenant.status_code == 201, tenant.text
-    key = admin.post(
-        "/admin/keys", json={"tenant_id": tenant.json()["id"], "name": "app", "kind": "inference"}
-    )
-    assert key.status_code == 201, key.text
-    return {"tenant": tenant.json(), **key.json()}
+    return new_tenant_and_key(admin, "e2e-structured")
 
 
 @pytest.fixture(scope="module")
 def structured_client(stack: RunningStack, structured_key: dict[str, Any]) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=structured_key["key"], max_retries=0)
+    return client_for(stack, structured_key)
 
 
 @pytest.mark.parametrize(

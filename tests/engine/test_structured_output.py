@@ -29,69 +29,44 @@ from tests.engine.tiny_engine import CHATML_TEMPLATE, EngineFactory, make_byte_t
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
+def closed_object(**properties: Any) -> dict[str, Any]:
+    """An object schema with exactly these properties, all required (what strict mode sends)."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
 SCHEMAS: list[dict[str, Any]] = [
-    {  # nested objects, bounded integer, enum
-        "type": "object",
-        "properties": {
-            "order": {
-                "type": "object",
-                "properties": {
-                    "status": {"enum": ["open", "paid", "shipped"]},
-                    "count": {"type": "integer", "minimum": 1, "maximum": 99},
-                },
-                "required": ["status", "count"],
-                "additionalProperties": False,
-            }
-        },
-        "required": ["order"],
-        "additionalProperties": False,
-    },
-    {  # array with bounds, booleans
-        "type": "object",
-        "properties": {
-            "flags": {"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3}
-        },
-        "required": ["flags"],
-        "additionalProperties": False,
-    },
-    {  # bounded number, optional (nullable) field, short strings
-        "type": "object",
-        "properties": {
-            "score": {"type": "number", "minimum": -1, "maximum": 1},
-            "note": {"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}]},
-        },
-        "required": ["score", "note"],
-        "additionalProperties": False,
-    },
+    # nested objects, bounded integer, enum
+    closed_object(
+        order=closed_object(
+            status={"enum": ["open", "paid", "shipped"]},
+            count={"type": "integer", "minimum": 1, "maximum": 99},
+        )
+    ),
+    # array with bounds, booleans
+    closed_object(flags={"type": "array", "items": {"type": "boolean"}, "minItems": 1, "maxItems": 3}),
+    # bounded number, optional (nullable) field, short strings
+    closed_object(
+        score={"type": "number", "minimum": -1, "maximum": 1},
+        note={"anyOf": [{"type": "string", "maxLength": 5}, {"type": "null"}]},
+    ),
 ]
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "unit": {"enum": ["c", "f"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["unit", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"utc": {"type": "boolean"}},
-            "required": ["utc"],
-            "additionalProperties": False,
-        },
-    },
-}
+
+def function_tool(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+WEATHER = function_tool(
+    "get_weather",
+    closed_object(unit={"enum": ["c", "f"]}, days={"type": "integer", "minimum": 1, "maximum": 7}),
+)
+TIME = function_tool("get_time", closed_object(utc={"type": "boolean"}))
 TOOLS = [WEATHER, TIME]
 MESSAGES = [{"role": "user", "content": "Answer in JSON."}]
 # A template with tool support that names the tools only, so prompts fit the tiny model's context.
