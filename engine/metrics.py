@@ -58,6 +58,18 @@ class EngineMetrics:
             "tern_engine_prefix_cache_evicted_blocks", "KV blocks evicted from the prefix cache", registry=r
         )
         self._evicted_seen = 0
+        self.draft_tokens = Counter(
+            "tern_engine_spec_draft_tokens", "Speculative draft tokens proposed and checked", registry=r
+        )
+        self.accepted_draft_tokens = Counter(
+            "tern_engine_spec_accepted_tokens", "Speculative draft tokens the model agreed with", registry=r
+        )
+        self.draft_acceptance = Histogram(
+            "tern_engine_spec_acceptance_rate",
+            "Share of a step's drafts a sequence kept (one observation per sequence and step with drafts)",
+            buckets=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+            registry=r,
+        )
         self.grammar_compile_seconds = Histogram(
             "tern_engine_grammar_compile_seconds",
             "Compiling a structured-output grammar (cache misses only)",

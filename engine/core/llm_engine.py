@@ -38,6 +38,7 @@ from engine.core.outputs import (
 from engine.core.sampler import SampledToken
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
+from engine.core.speculative import NgramSpeculator
 from engine.core.stopping import StopStringMatcher
 from engine.layers.packed_linear import pack_cpu_linears
 from engine.metrics import EngineMetrics
@@ -105,6 +106,16 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
         self.metrics = EngineMetrics()
+        self.speculator = (
+            NgramSpeculator(
+                num_tokens=config.num_speculative_tokens,
+                ngram_min=config.ngram_min,
+                ngram_max=config.ngram_max,
+                max_batch=config.speculative_max_batch,
+            )
+            if config.speculative == "ngram"
+            else None
+        )
         self.grammars = GrammarCompiler(tokenizer, vocab_size=model_config.vocab_size, metrics=self.metrics)
         self._requests: dict[str, _Request] = {}
         self._update_gauges()
@@ -229,6 +240,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs = self._abort_expired()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, max_model_len=self.max_model_len)
         batch = self.scheduler.schedule()
         if batch.num_preempted:
             self.metrics.preemptions.inc(batch.num_preempted)
@@ -245,11 +258,14 @@ class LLMEngine:
         ]
         return [out for rid in expired if (out := self.abort_request(rid)) is not None]
 
-    def _postprocess(self, batch: SchedulerOutput, sampled: list[SampledToken | None]) -> list[RequestOutput]:
+    def _postprocess(self, batch: SchedulerOutput, sampled: list[list[SampledToken]]) -> list[RequestOutput]:
         """The scheduler applies the step to the sequences; this turns their new tokens into outputs."""
         now = time.monotonic()
+        self._count_drafts(batch, sampled)
         outputs: dict[str, RequestOutput] = {}
         for seq, token in self.scheduler.postprocess(batch, sampled):
+            if seq.is_finished:  # a token before this one (an accepted draft) ended the choice
+                continue
             state = self._requests[seq.request_id]
             out = outputs.setdefault(seq.request_id, RequestOutput(seq.request_id))
             self._record_timing(seq, now)
@@ -261,6 +277,15 @@ class LLMEngine:
             if state.finished:
                 self._close_request(state, out)
         return list(outputs.values())
+
+    def _count_drafts(self, batch: SchedulerOutput, sampled: list[list[SampledToken]]) -> None:
+        for seq, tokens in zip(batch.seqs, sampled, strict=True):
+            if (proposed := len(seq.draft_token_ids)) and self.speculator is not None:
+                accepted = len(tokens) - 1
+                self.speculator.record(seq, proposed=proposed, accepted=accepted)
+                self.metrics.draft_tokens.inc(proposed)
+                self.metrics.accepted_draft_tokens.inc(accepted)
+                self.metrics.draft_acceptance.observe(accepted / proposed)
 
     def _record_timing(self, seq: Sequence, now: float) -> None:
         self.metrics.generation_tokens.inc()
@@ -297,7 +322,7 @@ class LLMEngine:
                 reason = "stop"
         if reason is None and _grammar_complete(seq, token_id):
             reason = "stop"
-        if reason is None and seq.num_output_tokens >= seq.max_tokens:
+        if reason is None and choice.num_tokens >= seq.max_tokens:  # counted as emitted: drafts run ahead
             reason = "length"
         if reason is not None and not choice.stop.stopped:
             # Ending for another reason: release held-back text (a UTF-8 tail, a partial stop string).

@@ -42,7 +42,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
-        probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
+        probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
         noise = torch.stack(
             [torch.empty_like(probs[0]).exponential_(generator=seqs[i].generator) for i in random_rows]
         )
@@ -51,7 +51,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     chosen = token_ids.tolist()
     results = [SampledToken(t) for t in chosen]
     if raw_logprobs is not None:
-        _attach_logprobs(results, raw_logprobs, params)
+        attach_logprobs(results, raw_logprobs, params)
     return results
 
 
@@ -65,7 +65,7 @@ def apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Repetition (over prompt and output, transformers-style), presence and frequency (output only)."""
-    rows = [i for i, s in enumerate(seqs) if _has_penalty(s.sampling)]
+    rows = [i for i, s in enumerate(seqs) if has_penalty(s.sampling)]
     if not rows:
         return logits
     logits = logits.clone()
@@ -91,14 +91,14 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _is_plain_greedy(p: SamplingParams) -> bool:
-    return p.temperature == 0 and not (p.logprobs or p.top_logprobs) and not _has_penalty(p)
+    return p.temperature == 0 and not (p.logprobs or p.top_logprobs) and not has_penalty(p)
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p, row by row, as probabilities."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
@@ -130,7 +130,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return probs
 
 
-def _attach_logprobs(
+def attach_logprobs(
     results: list[SampledToken], logprobs: torch.Tensor, params: list[SamplingParams]
 ) -> None:
     chosen = torch.tensor([r.token_id for r in results], device=logprobs.device)

@@ -26,6 +26,18 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+@dataclass
+class DraftStats:
+    """A sequence's record with speculative decoding, for backing off where it does not pay."""
+
+    misses: int = 0
+    """Consecutive verifications that accepted nothing."""
+    cool_down: int = 0
+    """Steps left without drafts."""
+    num_tokens: int = 0
+    """Drafts to propose next (0: the speculator's most); grows while drafts are all kept."""
+
+
 @dataclass(eq=False)
 class Sequence:
     request_id: str
@@ -52,6 +64,9 @@ class Sequence:
     num_preemptions: int = 0
     prefix_handle: object | None = None
     """Opaque state a prefix cache attaches (e.g. the locked tree node); released on free."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Speculative decoding: guesses for the tokens after the last one, checked by this step."""
+    draft_stats: DraftStats = field(default_factory=DraftStats)
     matcher: llguidance.LLMatcher | None = None
     """Structured output: where this sequence is in its grammar (masks its logits, eats its tokens)."""
 
