@@ -8,8 +8,8 @@ benchmark checks):
 - ``open_ended``: the 16 chat prompts every engine benchmark uses (``engine.bench.PROMPTS``).
 
 At 1 stream each prompt runs alone; at ``--streams`` (16) the prompts run together, as one batch.
-Settings alternate round by round on the same engine (speculation is switched on the running
-engine), so a noisy neighbour hits both alike. Prints one JSON object: tokens/s per setting, the
+Settings alternate on the same engine (speculation is switched on the running engine; off/on,
+then on/off), after one untimed warm-up batch, so a noisy neighbour hits both alike. Prints one JSON object: tokens/s per setting, the
 ratio on/off, the draft acceptance rate.
 
     python -m engine.bench.speculative [--rounds 2] [--max-tokens 192] [--streams 16] [--threads N]
@@ -33,7 +33,10 @@ PASSAGE = (
     "The old stone bridge crosses the river at the narrowest point of the valley. It was built in 1792 "
     "by the villagers themselves, who carried every stone from the quarry on the hill. For two centuries "
     "it carried carts, cattle and, later, cars, until a new bridge opened downstream in 1989. Today the "
-    "old bridge is for walkers only, and every summer the village holds a market on it."
+    "old bridge is for walkers only, and every summer the village holds a market on it.\n\n"
+    "The market sells bread, cheese, honey and wool from the farms around the valley. Musicians play "
+    "at both ends of the bridge, and children race paper boats under its three arches. When the river "
+    "floods in spring, the water rises almost to the keystones, but the bridge has never moved."
 )
 CODE = '''def add(a, b):
     """Return the sum of a and b."""
@@ -78,11 +81,12 @@ def measure(
     tokens: dict[str, list[list[int]]] = {"on": [], "off": []}
     metrics = engine.metrics
     drafted = accepted = 0.0
-    for _ in range(rounds):
-        for setting in ("off", "on"):
+    groups = [prompts[i : i + streams] for i in range(0, len(prompts), streams)]
+    run_batch(engine, groups[0], max_tokens)  # warm-up: first touch of this many KV pages
+    for round_index in range(rounds):
+        for setting in ("off", "on") if round_index % 2 == 0 else ("on", "off"):
             engine.speculator = speculator if setting == "on" else None
             before = (metrics.draft_tokens._value.get(), metrics.accepted_draft_tokens._value.get())
-            groups = [prompts[i : i + streams] for i in range(0, len(prompts), streams)]
             for group in groups:
                 elapsed, out = run_batch(engine, group, max_tokens)
                 seconds[setting] += elapsed

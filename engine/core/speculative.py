@@ -74,7 +74,7 @@ class NgramSpeculator:
 
     def record(self, seq: Sequence, *, proposed: int, accepted: int) -> None:
         """Adapt to how a sequence's drafts fare: propose more after all were kept, as many as were
-        kept (plus one) after some were, and back off from one whose drafts keep failing (2, 4, 8, ...
+        kept (plus one) after some were, and back off from one whose drafts keep failing (4, 8, 16, ...
         steps without drafts)."""
         stats = seq.draft_stats
         if accepted == proposed:
