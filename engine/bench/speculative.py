@@ -9,8 +9,8 @@ benchmark checks):
 
 At 1 stream each prompt runs alone; at ``--streams`` (16) the prompts run together, as one batch.
 Settings alternate on the same engine (speculation is switched on the running engine; off/on,
-then on/off), after one untimed warm-up batch, so a noisy neighbour hits both alike. Prints one JSON object: tokens/s per setting, the
-ratio on/off, the draft acceptance rate.
+then on/off), after one untimed warm-up batch, so a noisy neighbour hits both alike. Prints one
+JSON object: tokens/s per setting, the ratio on/off, the draft acceptance rate.
 
     python -m engine.bench.speculative [--rounds 2] [--max-tokens 192] [--streams 16] [--threads N]
 """
