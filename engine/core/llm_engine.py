@@ -10,8 +10,6 @@ Detokenisation and stop strings stay here, since they decide when a choice ends.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import random
 import time
@@ -41,9 +39,10 @@ from engine.core.sequence import Sequence
 from engine.core.speculative import NgramSpeculator
 from engine.core.stopping import StopStringMatcher
 from engine.layers.packed_linear import pack_cpu_linears
+from engine.loader.memory import release_freed_memory
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
-from engine.structured.grammar import GrammarCompiler
+from engine.structured.grammar import GrammarCompiler, grammar_complete
 from engine.structured.tools import ToolCallParser
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -320,7 +319,7 @@ class LLMEngine:
             text = choice.stop.feed(choice.detokenizer.push(token_id))
             if choice.stop.stopped:
                 reason = "stop"
-        if reason is None and _grammar_complete(seq, token_id):
+        if reason is None and seq.matcher is not None and grammar_complete(seq.matcher, token_id):
             reason = "stop"
         if reason is None and choice.num_tokens >= seq.max_tokens:  # counted as emitted: drafts run ahead
             reason = "length"
@@ -392,28 +391,6 @@ class LLMEngine:
                 result.deltas.extend(out.deltas)
                 result.usage = out.usage or result.usage
         return results
-
-
-def _grammar_complete(seq: Sequence, token_id: int) -> bool:
-    """Advance a constrained sequence's grammar by its new token; True once the grammar allows
-    nothing more (so the choice ends without spending a step on the end-of-sequence token)."""
-    matcher = seq.matcher
-    if matcher is None:
-        return False
-    if not matcher.consume_token(token_id):  # cannot happen with the mask applied; end rather than drift
-        log.warning("request %s: grammar refused token %d: %s", seq.request_id, token_id, matcher.get_error())
-        return True
-    return matcher.is_stopped()
-
-
-def release_freed_memory() -> None:
-    """Hand the heap that loading freed (float copies, the GGUF's dequantized tensors) back to the OS.
-    glibc keeps freed blocks for reuse, so without this the process stays about 350 MB larger
-    than what it holds. A no-op where the C library has no ``malloc_trim``."""
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _activation_dtype(model: torch.nn.Module) -> torch.dtype:

@@ -13,6 +13,7 @@ Why llguidance and not xgrammar: docs/structured-output.md (measured side by sid
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -27,6 +28,8 @@ import torch
 from engine.core.outputs import RequestError
 from engine.metrics import EngineMetrics
 from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """One-line JSON with the spacing models write by habit: no runaway newlines, natural-reading output."""
@@ -149,3 +152,12 @@ def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[llguidance
     index = torch.tensor(rows, device=logits.device)
     masked = torch.where(torch.from_numpy(allowed).to(logits.device), logits[index], float("-inf"))
     return logits.index_put((index,), masked)
+
+
+def grammar_complete(matcher: llguidance.LLMatcher, token_id: int) -> bool:
+    """Advance a constrained sequence's grammar by its new token; True once the grammar allows
+    nothing more (so the choice ends without spending a step on the end-of-sequence token)."""
+    if not matcher.consume_token(token_id):  # cannot happen with the mask applied; end rather than drift
+        log.warning("grammar refused token %d: %s", token_id, matcher.get_error())
+        return True
+    return matcher.is_stopped()

@@ -29,7 +29,16 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors
-from protocol.rpc import GenerateRequest, NamedToolChoice, ToolChoice, ToolSpec
+from protocol.openai.tools import (
+    ANY_JSON_OBJECT,
+    TOOL_CHOICE_RULE,
+    TOOL_RESULT_RULE,
+    ResponseFormat,
+    ToolCallIn,
+    check_tool_choice,
+    drop_sdk_echoes,
+)
+from protocol.rpc import GenerateRequest, ToolChoice, ToolSpec
 
 # Accepted and ignored: they describe the caller, not the output.
 _IGNORED_FIELDS = ("user", "store", "metadata", "service_tier", "safety_identifier")
@@ -65,10 +74,6 @@ StopText = Annotated[str, Field(min_length=1)]
 _STREAM_OPTIONS_RULE: JsonDict = {
     "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
     "then": {"required": ["stream"], "properties": {"stream": {"const": True}}},
-}
-_TOOL_CHOICE_RULE: JsonDict = {
-    "if": {"required": ["tool_choice"], "properties": {"tool_choice": {"not": {"enum": ["none", None]}}}},
-    "then": {"required": ["tools"], "properties": {"tools": {"type": "array", "minItems": 1}}},
 }
 _TOP_LOGPROBS_RULE: JsonDict = {
     "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
@@ -163,50 +168,10 @@ class TextContentPart(BaseModel):
     text: str
 
 
-def _drop_sdk_echoes(data: Any, fields: tuple[str, ...]) -> Any:
-    """Drop what the ``openai`` SDK adds to a reply it parsed (``parsed``, ``parsed_arguments``,
-    empty ``annotations``...), so that appending ``completion.choices[0].message`` to the
-    conversation, as the SDK's docs do, just works. Only empty values or the SDK's own fields."""
-    if isinstance(data, dict):
-        return {k: v for k, v in data.items() if k not in fields or (k not in _SDK_ONLY and v)}
-    return data
-
-
-_SDK_ONLY = ("parsed", "parsed_arguments")
-
-
-class FunctionCallIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    arguments: str
-
-    @model_validator(mode="before")
-    @classmethod
-    def _sdk_echoes(cls, data: Any) -> Any:
-        return _drop_sdk_echoes(data, ("parsed_arguments",))
-
-
-class ToolCallIn(BaseModel):
-    """A tool call an earlier assistant turn made, sent back as part of the conversation."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
-_TOOL_RESULT_RULE: JsonDict = {
-    "if": {"required": ["role"], "properties": {"role": {"const": "tool"}}},
-    "then": {"required": ["tool_call_id"], "properties": {"tool_call_id": {"type": "string"}}},
-}
-
-
 class ChatMessageIn(BaseModel):
     """One chat message as OpenAI accepts it; text content only."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [_TOOL_RESULT_RULE]})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [TOOL_RESULT_RULE]})
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
@@ -218,7 +183,7 @@ class ChatMessageIn(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _sdk_echoes(cls, data: Any) -> Any:
-        return _drop_sdk_echoes(data, ("parsed", "annotations", "audio", "function_call"))
+        return drop_sdk_echoes(data, ("parsed", "annotations", "audio", "function_call"))
 
     @model_validator(mode="after")
     def _tool_result_names_its_call(self) -> ChatMessageIn:
@@ -259,50 +224,12 @@ class ChatMessageIn(BaseModel):
         return message
 
 
-class JsonSchemaSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
-    description: str | None = None
-    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``text``, ``json_object`` or ``json_schema`` (one model, so errors name plain paths)."""
-
-    model_config = ConfigDict(
-        extra="forbid",
-        json_schema_extra={
-            "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
-            "then": {"required": ["json_schema"]},
-            "else": {"not": {"required": ["json_schema"]}},
-        },
-    )
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaSpec | None = None
-
-    @model_validator(mode="after")
-    def _schema_given_with_its_type(self) -> ResponseFormat:
-        if (self.type == "json_schema") != (self.json_schema is not None):
-            raise PydanticCustomError(
-                "tern_invalid",
-                "'response_format.json_schema' is required with type 'json_schema' and only allowed with it.",
-                {"param": "response_format.json_schema"},
-            )
-        return self
-
-
-ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
-
-
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE, _TOOL_CHOICE_RULE]},
+        json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE, TOOL_CHOICE_RULE]},
     )
 
     messages: list[ChatMessageIn] = Field(min_length=1)
@@ -347,24 +274,7 @@ class ChatCompletionRequest(_Request):
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice_names_a_tool(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
-        tools: list[ToolSpec] = info.data.get("tools") or []
-        if choice is None or choice == "none":
-            return choice
-        if not tools:
-            raise PydanticCustomError(
-                "tern_invalid",
-                "Invalid value for 'tool_choice': 'tool_choice' is only allowed when 'tools' are specified.",
-                {"param": "tool_choice"},
-            )
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in {
-            t.function.name for t in tools
-        }:
-            raise PydanticCustomError(
-                "tern_invalid",
-                "Invalid value for 'tool_choice': no function named '{name}' is in 'tools'.",
-                {"param": "tool_choice", "name": choice.function.name},
-            )
-        return choice
+        return check_tool_choice(choice, info.data.get("tools") or [])
 
     def json_schema(self) -> dict[str, Any] | None:
         """The schema ``response_format`` constrains the output to (None: free text)."""
