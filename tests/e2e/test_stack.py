@@ -322,7 +322,7 @@ def test_parse_returns_a_parsed_object(
     structured_usage.append(reply.usage)
 
 
-@pytest.mark.parametrize(("schema", "prompt"), STRUCTURED_CASES[:2], ids=["Person", "ShoppingList"])
+@pytest.mark.parametrize(("schema", "prompt"), STRUCTURED_CASES, ids=[c[0].__name__ for c in STRUCTURED_CASES])
 def test_streamed_parse_returns_a_parsed_object(
     structured_client: openai.OpenAI, model: str, schema: type[BaseModel], prompt: str
 ) -> None:
@@ -419,7 +419,7 @@ def test_an_unenforceable_schema_is_a_400_naming_the_keyword(
 def test_structured_requests_are_billed_exactly_as_reported(
     admin: httpx.Client, structured_key: dict[str, Any]
 ) -> None:
-    served = len(STRUCTURED_CASES) + 2 + 1 + 2 + 1  # the requests above
+    served = 2 * len(STRUCTURED_CASES) + 1 + 2 + 1  # the requests above
     assert len(structured_usage) == served
     rows = wait_for_usage_rows(admin, structured_key["tenant"]["id"], requests=served + 1)
     (row,) = rows
