@@ -116,7 +116,11 @@ class FakeOpenAIEngine:
         if body.get("stream"):
             return StreamingResponse(self._events(body, words, chat), media_type="text/event-stream")
         choice: dict[str, Any] = {"index": 0, "finish_reason": "stop", "logprobs": None}
-        choice |= {"message": {"role": "assistant", "content": "".join(words)}} if chat else {"text": "".join(words)}
+        choice |= (
+            {"message": {"role": "assistant", "content": "".join(words)}}
+            if chat
+            else {"text": "".join(words)}
+        )
         answer = {
             "id": "upstream-id",
             "object": "chat.completion" if chat else "text_completion",
