@@ -58,17 +58,19 @@ class Gateway:
 
 
 def start_gateway(database_url: str, redis_url: str, engine_urls: list[str], **settings: Any) -> Gateway:
+    defaults: dict[str, Any] = {
+        "engine_api_key": UPSTREAM_KEY,
+        "engine_model_map": {SERVED: "upstream-model"},
+        "engine_health_interval_s": 3600,  # the tests probe when they mean to
+    }
     config = Settings(
         database_url=database_url,
         redis_url=redis_url,
         secret=TEST_SECRET,
         admin_key=TEST_ADMIN_KEY,
         engine_urls=engine_urls,
-        engine_api_key=UPSTREAM_KEY,
-        engine_model_map={SERVED: "upstream-model"},
-        engine_health_interval_s=3600,  # the tests probe when they mean to
         log_level="WARNING",
-        **settings,
+        **(defaults | settings),
     )
     server = ServerThread(create_app(config)).start()
     key = create_inference_key(server.url, TEST_ADMIN_KEY, tpm_limit=1_000_000)
