@@ -13,6 +13,7 @@ KEY_CACHE_MAX_TTL_S = 0.9
 
 PrefixCacheIsolation = Literal["shared", "tenant"]
 EngineKind = Literal["tern", "openai"]
+RoutingPolicy = Literal["cache_aware", "least_loaded", "round_robin"]
 
 _KIND_SCHEMES: dict[str, EngineKind] = {"tern+": "tern", "openai+": "openai"}
 
@@ -78,6 +79,12 @@ class Settings(BaseSettings):
         description="Served model name -> a tokenizer.json, as JSON (TERN_ENGINE_TOKENIZERS): counts the "
         "tokens of an 'openai' engine that reports no usage. Without one the gateway estimates.",
     )
+    routing_policy: RoutingPolicy = Field(
+        "cache_aware",
+        description="How a request picks among the engines serving its model (proxy/prefix_routing.py).",
+    )
+    routing_load_slack: int = Field(4, ge=0)
+    routing_min_match: float = Field(0.3, ge=0, le=1)
     prefix_cache_isolation: PrefixCacheIsolation = Field(
         "shared",
         description="'shared': tenants share the engines' prefix cache; 'tenant': each tenant has its own.",

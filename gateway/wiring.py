@@ -34,6 +34,7 @@ from gateway.limits.schemas import Scope
 from gateway.limits.service import RateLimiter
 from gateway.proxy.engine_pool import EnginePool, ModelNames
 from gateway.proxy.outcome import CompletionHook
+from gateway.proxy.prefix_routing import RoutingParams
 from gateway.proxy.token_count import TokenCounter
 from gateway.redis import create_redis
 from gateway.reports import service as reports_service
@@ -133,6 +134,10 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
             api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
             model_names=ModelNames(settings.engine_model_map),
             token_counter=TokenCounter(settings.engine_tokenizers),
+            routing=settings.routing_policy,
+            routing_params=RoutingParams(
+                load_slack=settings.routing_load_slack, min_match=settings.routing_min_match
+            ),
         )
         await engine_pool.start()
         stack.push_async_callback(engine_pool.close)

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from gateway.config import EngineKind, EngineSpec, parse_engine_url
+from gateway.config import EngineKind, EngineSpec, RoutingPolicy, parse_engine_url
 from gateway.metrics import engine_healthy_by
+from gateway.proxy.prefix_routing import PrefixTable, PromptKeys, RoutingParams
 from gateway.proxy.token_count import TokenCounter
 from protocol.rpc import HEALTH_PATH, MODELS_PATH, HealthResponse, ModelInfo, ModelList
 
@@ -96,11 +97,15 @@ class EnginePool:
         api_key: str | None = None,
         model_names: ModelNames | None = None,
         token_counter: TokenCounter | None = None,
+        routing: RoutingPolicy = "cache_aware",
+        routing_params: RoutingParams | None = None,
     ) -> None:
         self._specs = [parse_engine_url(e) if isinstance(e, str) else e for e in engines]
         self._openai_headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         self.model_names = model_names or ModelNames()
         self.token_counter = token_counter or TokenCounter()
+        self.routing = routing
+        self.prefixes = PrefixTable(routing_params)
         self._has_openai = any(spec.kind == "openai" for spec in self._specs)
         self._health_interval_s = health_interval_s
         self._probe_timeout = aiohttp.ClientTimeout(total=min(health_interval_s, connect_timeout_s))
@@ -195,6 +200,7 @@ class EnginePool:
             log.warning("engine %s left the rotation: %s", upstream.url, reason)
         upstream.healthy = False
         upstream.last_error = reason
+        self.prefixes.forget(upstream)
         engine_healthy_by(upstream.url).set(0)
 
     async def any_healthy(self) -> bool:
@@ -222,11 +228,19 @@ class EnginePool:
         return "tern"
 
     def pick(
-        self, model: str, *, exclude: Sequence[Upstream] = (), kind: EngineKind | None = None
+        self,
+        model: str,
+        *,
+        exclude: Sequence[Upstream] = (),
+        kind: EngineKind | None = None,
+        prompt: PromptKeys | None = None,
     ) -> Upstream:
-        """The healthy engine serving ``model`` with the fewest requests in flight (ties rotate).
+        """The healthy engine serving ``model`` that the routing policy picks.
 
-        ``kind``: only engines of that kind (a relay speaks one protocol, its retries too)."""
+        ``cache_aware`` (the default): the engine likely to hold ``prompt``'s prefix, within the load
+        slack (gateway/proxy/prefix_routing.py). ``least_loaded``: the fewest requests in flight,
+        ties rotating. ``round_robin``: each in turn. ``kind``: only engines of that kind (a relay
+        speaks one protocol, its retries too)."""
         healthy = [u for u in self.upstreams if u.healthy and u not in exclude]
         if not healthy:
             raise NoHealthyEngine
@@ -235,6 +249,14 @@ class EnginePool:
             raise ModelNotServed(model)
         if len(candidates) == 1:
             return candidates[0]
+        if self.routing == "cache_aware":
+            keys = prompt.keys if prompt is not None else []
+            chosen = self.prefixes.choose(keys, candidates, [u.inflight for u in candidates])
+            if keys:
+                self.prefixes.insert(keys, chosen)
+            return chosen
         start = next(self._turn) % len(candidates)
+        if self.routing == "round_robin":
+            return candidates[start]
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda u: u.inflight)

@@ -54,6 +54,7 @@ class OpenAIRelay(BaseRelay):
         key_id: str | None,
         hooks: Sequence[CompletionHook],
         token_counter: TokenCounter,
+        cache_namespace: str | None = None,
     ) -> None:
         super().__init__(
             pool=pool,
@@ -63,6 +64,7 @@ class OpenAIRelay(BaseRelay):
             tenant_id=tenant_id,
             key_id=key_id,
             hooks=hooks,
+            cache_namespace=cache_namespace,
         )
         self.is_chat = isinstance(openai_request, ChatCompletionRequest)
         self.response_id = f"chatcmpl-{request_id}" if self.is_chat else f"cmpl-{request_id}"

@@ -28,6 +28,7 @@ from gateway.config import EngineKind
 from gateway.errors import OpenAIError
 from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
 from gateway.proxy.outcome import CompletionHook, RelayOutcome
+from gateway.proxy.prefix_routing import PromptKeys
 from protocol.openai.errors import error_body
 from protocol.openai.requests import OpenAIRequest
 from protocol.openai.responses import ResponseAccumulator, StreamFormatter, error_frame_body
@@ -68,9 +69,11 @@ class BaseRelay:
         tenant_id: str | None,
         key_id: str | None,
         hooks: Sequence[CompletionHook],
+        cache_namespace: str | None = None,
     ) -> None:
         self.pool = pool
         self.request_id = request_id
+        self.prompt = PromptKeys(openai_request, namespace=cache_namespace)
         self.openai_request = openai_request
         self.hooks = list(hooks)
         self.outcome = RelayOutcome(
@@ -137,7 +140,7 @@ class BaseRelay:
     def _pick(self, tried: list[Upstream]) -> Upstream:
         model = self.outcome.model
         try:
-            return self.pool.pick(model, exclude=tried, kind=self.kind)
+            return self.pool.pick(model, exclude=tried, kind=self.kind, prompt=self.prompt)
         except NoHealthyEngine:
             self._fail(503, "engine_unavailable")
             raise OpenAIError(
@@ -247,6 +250,7 @@ class Relay(BaseRelay):
             tenant_id=tenant_id,
             key_id=key_id,
             hooks=hooks,
+            cache_namespace=gen_request.cache_namespace,
         )
         self.gen_request = gen_request
         self._body = gen_request.model_dump_json(exclude_none=True).encode()

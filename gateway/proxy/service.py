@@ -84,6 +84,7 @@ async def dispatch(
             key_id=str(key.key_id),
             hooks=all_hooks,
             token_counter=pool.token_counter,
+            cache_namespace=cache_namespace,
         )
         await relay.open()
         return RelayResponse(relay, headers=headers)
