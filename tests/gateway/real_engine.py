@@ -32,6 +32,10 @@ class RealEngine:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> RealEngine:
+        return self.launch().wait_ready()
+
+    def launch(self) -> RealEngine:
+        """Start the process without waiting (start several, then wait for each)."""
         command = [sys.executable, "-m", "tern_cli", "engine", "--port", str(self.port)]
         command += ["--num-threads", "1", "--max-num-seqs", "4", "--log-level", "warning", *self.extra_args]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -39,6 +43,10 @@ class RealEngine:
             self.process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
             )
+        return self
+
+    def wait_ready(self) -> RealEngine:
+        assert self.process is not None
         deadline = time.monotonic() + READY_DEADLINE_S
         while True:
             if self.process.poll() is not None or time.monotonic() > deadline:
