@@ -88,8 +88,8 @@ class RoutingParams:
     """An engine more than this many requests in flight busier than the least-busy is not eligible."""
     min_match: float = 0.3
     """The share of a prompt's blocks an engine must hold to win on its cache rather than its load."""
-    max_keys_per_engine: int = 200_000
-    """Remembered prefix blocks per engine (LRU); ~100 bytes each."""
+    max_keys_per_engine: int = 50_000
+    """Remembered prefix blocks per engine (LRU): ~800k tokens of prompts, ~400 bytes each."""
 
 
 class PrefixTable:
