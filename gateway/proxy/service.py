@@ -86,21 +86,22 @@ async def dispatch(
             token_counter=pool.token_counter,
             cache_namespace=cache_namespace,
         )
-        await relay.open()
-        return RelayResponse(relay, headers=headers)
-    gen_request = openai_request.to_generate_request(request_id=request_id, cache_namespace=cache_namespace)
-    if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
-        sampling = gen_request.sampling
-        sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
-    relay = Relay(
-        pool=pool,
-        gen_request=gen_request,
-        openai_request=openai_request,
-        endpoint=endpoint,
-        tenant_id=tenant_id,
-        key_id=str(key.key_id),
-        hooks=all_hooks,
-    )
+    else:
+        gen_request = openai_request.to_generate_request(
+            request_id=request_id, cache_namespace=cache_namespace
+        )
+        if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
+            sampling = gen_request.sampling
+            sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
+        relay = Relay(
+            pool=pool,
+            gen_request=gen_request,
+            openai_request=openai_request,
+            endpoint=endpoint,
+            tenant_id=tenant_id,
+            key_id=str(key.key_id),
+            hooks=all_hooks,
+        )
     await relay.open()
     return RelayResponse(relay, headers=headers)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from live_server import ServerThread, free_port
+from live_server import ServedApp, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -30,7 +30,7 @@ def prompt_words(body: dict[str, Any]) -> int:
 
 
 @dataclass
-class FakeOpenAIEngine:
+class FakeOpenAIEngine(ServedApp):
     model: str = "upstream-model"
     report_usage: bool = True
     cached_tokens: int = 0
@@ -50,7 +50,6 @@ class FakeOpenAIEngine:
     port: int = field(default_factory=free_port)
 
     def __post_init__(self) -> None:
-        self._server: ServerThread | None = None
         self.app = Starlette(
             routes=[
                 Route("/health", self._health, methods=["GET"]),
@@ -59,20 +58,6 @@ class FakeOpenAIEngine:
                 Route("/v1/completions", self._generate, methods=["POST"]),
             ]
         )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> FakeOpenAIEngine:
-        self._server = ServerThread(self.app, port=self.port, lifespan="off").start()
-        return self
-
-    def stop(self) -> None:
-        if self.gate is not None:
-            self.gate.set()
-        if self._server is not None:
-            self._server.stop()
 
     def _refused(self, request: Request) -> Response | None:
         if self.require_key and request.headers.get("authorization") != f"Bearer {self.require_key}":
