@@ -71,6 +71,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads (default: OMP_NUM_THREADS, else the physical cores available less one, "
         "at least 1; on a shared or busy machine use fewer)",
     )
+    p.add_argument(
+        "--speculative",
+        choices=["ngram", "off"],
+        default=defaults.speculative,
+        help="n-gram (prompt-lookup) speculative decoding: guesses next tokens from the text so far and "
+        "checks them in one step (faster single streams when answers copy their input)",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=defaults.num_speculative_tokens,
+        help="most draft tokens per sequence per step",
+    )
+    p.add_argument("--ngram-min", type=int, default=defaults.ngram_min, help="shortest n-gram looked up")
+    p.add_argument("--ngram-max", type=int, default=defaults.ngram_max, help="longest n-gram looked up")
+    p.add_argument(
+        "--speculative-max-batch",
+        type=int,
+        default=defaults.speculative_max_batch,
+        help="no speculation in steps with more running sequences than this",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 

@@ -49,6 +49,16 @@ class EngineConfig:
     pack_cpu_linears: bool = True
     """On CPU in float32, keep each linear's weight also in MKL's packed layout: decode steps of 6 to
     16 sequences run faster, at the cost of a second copy of the weights (engine/layers/packed_linear.py)."""
+    speculative: str = "ngram"
+    """ngram | off: n-gram (prompt-lookup) speculative decoding (engine/core/speculative.py)."""
+    num_speculative_tokens: int = 8
+    """Most draft tokens proposed per sequence per step."""
+    ngram_min: int = 2
+    """Shortest suffix n-gram looked up in the sequence's earlier tokens."""
+    ngram_max: int = 4
+    """Longest suffix n-gram tried first."""
+    speculative_max_batch: int = 4
+    """Steps with more running sequences than this do not speculate (verification would cost more)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -63,6 +73,10 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ValueError("kv_cache_gib must be positive")
+        if self.speculative not in ("ngram", "off"):
+            raise ValueError(f"speculative must be ngram or off, not {self.speculative!r}")
+        if self.num_speculative_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError("need num_speculative_tokens >= 1 and 1 <= ngram_min <= ngram_max")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
 

@@ -16,6 +16,9 @@ from engine.cache.radix_cache import CacheStats
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60)
 
 
+_GRAMMAR_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 class EngineMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -55,6 +58,33 @@ class EngineMetrics:
             "tern_engine_prefix_cache_evicted_blocks", "KV blocks evicted from the prefix cache", registry=r
         )
         self._evicted_seen = 0
+        self.draft_tokens = Counter(
+            "tern_engine_spec_draft_tokens", "Speculative draft tokens proposed and checked", registry=r
+        )
+        self.accepted_draft_tokens = Counter(
+            "tern_engine_spec_accepted_tokens", "Speculative draft tokens the model agreed with", registry=r
+        )
+        self.draft_acceptance = Histogram(
+            "tern_engine_spec_acceptance_rate",
+            "Share of a step's drafts a sequence kept (one observation per sequence and step with drafts)",
+            buckets=(0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+            registry=r,
+        )
+        self.grammar_compile_seconds = Histogram(
+            "tern_engine_grammar_compile_seconds",
+            "Compiling a structured-output grammar (cache misses only)",
+            buckets=_GRAMMAR_BUCKETS,
+            registry=r,
+        )
+        self.grammar_cache_hits = Counter(
+            "tern_engine_grammar_cache_hits", "Structured-output grammars found compiled already", registry=r
+        )
+        self.grammar_wait_seconds = Histogram(
+            "tern_engine_grammar_wait_seconds",
+            "Time a constrained request waited for its grammar before it could be queued",
+            buckets=_GRAMMAR_BUCKETS,
+            registry=r,
+        )
 
     def set_queues(self, *, running: int, waiting: int, blocks_used: int, blocks_free: int) -> None:
         self.running.set(running)

@@ -27,7 +27,7 @@ ABORT_PATH = f"{RPC_PREFIX}/abort"
 HEALTH_PATH = f"{RPC_PREFIX}/health"
 MODELS_PATH = f"{RPC_PREFIX}/models"
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 
 
 class _Strict(BaseModel):
@@ -61,6 +61,34 @@ class SamplingParams(_Strict):
     n: int = Field(default=1, ge=1, le=16)
 
 
+class FunctionSpec(_Strict):
+    """A function the model may call; ``parameters`` is a JSON schema of its arguments object."""
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionSpec
+
+
+class FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    """``tool_choice`` naming one function: the model must call exactly that one."""
+
+    type: Literal["function"] = "function"
+    function: FunctionName
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+
 class GenerateRequest(_Strict):
     request_id: str = Field(min_length=1, max_length=200)
     model: str | None = None
@@ -71,6 +99,12 @@ class GenerateRequest(_Strict):
         default=None, description="Requests with different namespaces never share prefix-cache blocks"
     )
     deadline: float | None = Field(default=None, description="Unix time after which the engine aborts")
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="Constrain the output to JSON valid against this schema (structured output)"
+    )
+    tools: list[ToolSpec] | None = None
+    tool_choice: ToolChoice = "auto"
+    parallel_tool_calls: bool = True
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> GenerateRequest:
@@ -89,14 +123,24 @@ class TokenLogprob(TopLogprob):
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
+class ToolCall(BaseModel):
+    """A complete function call the model made; ``arguments`` is JSON text, as OpenAI sends it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
 class DeltaFrame(BaseModel):
-    """New text for one choice. ``finish_reason`` is set on the choice's last delta."""
+    """New text for one choice. ``finish_reason`` is set on the choice's last delta, which also
+    carries the choice's tool calls when it made any (``finish_reason`` is then ``tool_calls``)."""
 
     type: Literal["delta"] = "delta"
     index: int = 0
     text: str = ""
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] | None = None
     finish_reason: FinishReason | None = None
 
 

@@ -27,6 +27,15 @@ BENCHMARKS = {
         "engine.bench.shared_prefix",
         "a running engine on shared-system-prompt traffic (prefix cache)",
     ),
+    "structured": (
+        "engine.bench.structured",
+        "structured output: grammar compile p50/p99, cache hits, what masks cost a mixed batch",
+    ),
+    "speculative": (
+        "engine.bench.speculative",
+        "n-gram speculative decoding on against off: input-grounded and open-ended, 1 and 16 streams",
+    ),
+    "grammar-libraries": ("engine.bench.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
     "kernels": ("engine.bench.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
     "int4-quality": ("engine.bench.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
 }

@@ -10,7 +10,7 @@ import pytest
 from protocol.openai.errors import OpenAIRequestError, error_body
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, parse_request
 from protocol.openai.responses import SSE_DONE, ResponseAccumulator, StreamFormatter
-from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, TokenLogprob, TopLogprob
+from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, TokenLogprob, ToolCall, TopLogprob
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -106,6 +106,10 @@ def test_completion_prompt_forms() -> None:
     assert refused(CompletionRequest, '{"model": "m", "prompt": ""}').param == "prompt"
 
 
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
 @pytest.mark.parametrize(
     ("raw", "param", "fragment"),
     [
@@ -115,9 +119,30 @@ def test_completion_prompt_forms() -> None:
         (json.dumps({"model": "m"}).encode(), "messages", "Missing required parameter"),
         (chat(temperature=3), "temperature", "less than or equal to 2"),
         (chat(n=0), "n", "greater than or equal to 1"),
-        (chat(tools=[{"type": "function", "function": {"name": "f"}}]), "tools", "not supported"),
+        (chat(functions=[{"name": "f"}]), "functions", "not supported"),
         (chat(logit_bias={"1": 5}), "logit_bias", "not supported"),
-        (chat(response_format={"type": "json_object"}), "response_format", "not supported"),
+        (
+            chat(response_format={"type": "xml"}),
+            "response_format.type",
+            "'text', 'json_object' or 'json_schema'",
+        ),
+        (
+            chat(response_format={"type": "json_schema"}),
+            "response_format.json_schema",
+            "is required with type",
+        ),
+        (chat(tool_choice="required"), "tool_choice", "only allowed when 'tools' are specified"),
+        (
+            chat(tools=[{"type": "function", "function": {"name": "f"}}], tool_choice=_named("g")),
+            "tool_choice",
+            "no function named 'g'",
+        ),
+        (
+            chat(tools=[{"type": "function", "function": {"name": "bad name"}}]),
+            "tools.0.function.name",
+            "pattern",
+        ),
+        (chat(messages=[{"role": "tool", "content": "18C"}]), "messages", "tool_call_id"),
         (chat(stream_options={"include_usage": True}), "stream_options", "only allowed when 'stream'"),
         (chat(top_logprobs=2), "top_logprobs", "requires 'logprobs'"),
         (chat(stop=["ok", ""]), "stop", "non-empty"),
@@ -145,6 +170,76 @@ def test_neutral_values_of_unsupported_fields_and_ignored_fields_are_accepted() 
     assert refused(CompletionRequest, '{"model": "m", "prompt": "x", "echo": true}').param == "echo"
     assert refused(CompletionRequest, '{"model": "m", "prompt": "x", "best_of": 3}').param == "best_of"
     parse_request(CompletionRequest, '{"model": "m", "prompt": "x", "echo": false, "best_of": 1}')
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+def test_structured_output_and_tools_reach_the_rpc_request() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "A", "schema": schema, "strict": True}}
+    gen = parse_request(ChatCompletionRequest, chat(response_format=fmt)).to_generate_request(request_id="r")
+    assert gen.json_schema == schema and gen.tools is None
+    gen = parse_request(
+        ChatCompletionRequest, chat(response_format={"type": "json_object"})
+    ).to_generate_request(request_id="r")
+    assert gen.json_schema == {"type": "object"}
+    raw = chat(tools=[WEATHER_TOOL], tool_choice=_named("get_weather"), parallel_tool_calls=False)
+    gen = parse_request(ChatCompletionRequest, raw).to_generate_request(request_id="r")
+    assert gen.tools is not None and gen.tools[0].function.name == "get_weather"
+    assert not isinstance(gen.tool_choice, str) and gen.tool_choice.function.name == "get_weather"
+    assert gen.parallel_tool_calls is False
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "18C"},
+    ]
+    gen = parse_request(
+        ChatCompletionRequest, chat(messages=history, tools=[WEATHER_TOOL])
+    ).to_generate_request(request_id="r")
+    assert gen.messages is not None and gen.messages[1].model_dump()["tool_calls"][0]["id"] == "c1"
+    assert gen.messages[2].model_dump()["tool_call_id"] == "c1"
+
+
+def _call(name: str) -> ToolCall:
+    return ToolCall(id=f"call_{name}", name=name, arguments='{"city": "Paris"}')
+
+
+def test_tool_calls_are_sent_in_openai_shape_streamed_and_whole() -> None:
+    req = parse_request(ChatCompletionRequest, chat(stream=True, tools=[WEATHER_TOOL]))
+    fmt = StreamFormatter(req, request_id="t", created=1)
+    out = fmt.frame(
+        DeltaFrame(text="", token_ids=[1], tool_calls=[_call("get_weather")], finish_reason="tool_calls")
+    )
+    out += fmt.frame(FinalFrame(finish_reason="tool_calls", prompt_tokens=4, completion_tokens=1))
+    chunks = sse_payloads(out)[:-1]
+    assert chunks[0]["choices"][0]["delta"] == {
+        "tool_calls": [
+            {
+                "index": 0,
+                "id": "call_get_weather",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ]
+    }
+    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
+
+    whole = ResponseAccumulator(
+        parse_request(ChatCompletionRequest, chat(tools=[WEATHER_TOOL])), request_id="t"
+    )
+    whole.add(DeltaFrame(text="", tool_calls=[_call("get_weather")], finish_reason="tool_calls"))
+    message = whole.response(FinalFrame(finish_reason="tool_calls", prompt_tokens=4, completion_tokens=1))
+    choice = message["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
 def _lp(token: str, logprob: float) -> TokenLogprob:

@@ -76,6 +76,14 @@ class BlockManager:
             self._reclaim(missing - self.num_free_blocks)
         seq.block_table.extend(self.allocator.allocate(missing))
 
+    def trim(self, seq: Sequence) -> None:
+        """Give back blocks beyond what ``seq``'s tokens need (those only rejected drafts wrote to).
+        They hold no computed token, so no cache has them: a plain decref frees them."""
+        keep = self.blocks_for(seq.num_tokens)
+        if len(seq.block_table) > keep:
+            self.allocator.decref(seq.block_table[keep:])
+            del seq.block_table[keep:]
+
     def share(self, seq: Sequence, blocks: list[int]) -> None:
         """Give ``seq`` a reference to ``blocks``, which already hold its first tokens."""
         if seq.block_table:

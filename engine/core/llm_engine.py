@@ -10,8 +10,6 @@ Detokenisation and stop strings stay here, since they decide when a choice ends.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import random
 import time
@@ -38,10 +36,14 @@ from engine.core.outputs import (
 from engine.core.sampler import SampledToken
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
+from engine.core.speculative import NgramSpeculator
 from engine.core.stopping import StopStringMatcher
 from engine.layers.packed_linear import pack_cpu_linears
+from engine.loader.memory import release_freed_memory
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
+from engine.structured.grammar import GrammarCompiler, grammar_complete
+from engine.structured.tools import ToolCallParser
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ class _Choice:
 
     detokenizer: IncrementalDetokenizer
     stop: StopStringMatcher
+    tools: ToolCallParser | None = None
     seq: Sequence | None = None
     finish_reason: FinishReason | None = None
     num_tokens: int = 0
@@ -102,6 +105,17 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
         self.metrics = EngineMetrics()
+        self.speculator = (
+            NgramSpeculator(
+                num_tokens=config.num_speculative_tokens,
+                ngram_min=config.ngram_min,
+                ngram_max=config.ngram_max,
+                max_batch=config.speculative_max_batch,
+            )
+            if config.speculative == "ngram"
+            else None
+        )
+        self.grammars = GrammarCompiler(tokenizer, vocab_size=model_config.vocab_size, metrics=self.metrics)
         self._requests: dict[str, _Request] = {}
         self._update_gauges()
 
@@ -153,6 +167,7 @@ class LLMEngine:
             _Choice(
                 IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt),
                 StopStringMatcher(list(sampling.stop)),
+                tools=request.tool_parser() if request.tool_parser else None,
             )
             for _ in range(sampling.n)
         ]
@@ -193,6 +208,7 @@ class LLMEngine:
             generator=generator,
             cache_namespace=state.request.cache_namespace,
             arrival_time=state.arrival_time,
+            matcher=state.request.grammar.matcher() if state.request.grammar else None,
         )
 
     def abort_request(self, request_id: str, reason: FinishReason = "abort") -> RequestOutput | None:
@@ -223,6 +239,8 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         outputs = self._abort_expired()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running, max_model_len=self.max_model_len)
         batch = self.scheduler.schedule()
         if batch.num_preempted:
             self.metrics.preemptions.inc(batch.num_preempted)
@@ -239,11 +257,14 @@ class LLMEngine:
         ]
         return [out for rid in expired if (out := self.abort_request(rid)) is not None]
 
-    def _postprocess(self, batch: SchedulerOutput, sampled: list[SampledToken | None]) -> list[RequestOutput]:
+    def _postprocess(self, batch: SchedulerOutput, sampled: list[list[SampledToken]]) -> list[RequestOutput]:
         """The scheduler applies the step to the sequences; this turns their new tokens into outputs."""
         now = time.monotonic()
+        self._count_drafts(batch, sampled)
         outputs: dict[str, RequestOutput] = {}
         for seq, token in self.scheduler.postprocess(batch, sampled):
+            if seq.is_finished:  # a token before this one (an accepted draft) ended the choice
+                continue
             state = self._requests[seq.request_id]
             out = outputs.setdefault(seq.request_id, RequestOutput(seq.request_id))
             self._record_timing(seq, now)
@@ -255,6 +276,15 @@ class LLMEngine:
             if state.finished:
                 self._close_request(state, out)
         return list(outputs.values())
+
+    def _count_drafts(self, batch: SchedulerOutput, sampled: list[list[SampledToken]]) -> None:
+        for seq, tokens in zip(batch.seqs, sampled, strict=True):
+            if (proposed := len(seq.draft_token_ids)) and self.speculator is not None:
+                accepted = len(tokens) - 1
+                self.speculator.record(seq, proposed=proposed, accepted=accepted)
+                self.metrics.draft_tokens.inc(proposed)
+                self.metrics.accepted_draft_tokens.inc(accepted)
+                self.metrics.draft_acceptance.observe(accepted / proposed)
 
     def _record_timing(self, seq: Sequence, now: float) -> None:
         self.metrics.generation_tokens.inc()
@@ -289,7 +319,9 @@ class LLMEngine:
             text = choice.stop.feed(choice.detokenizer.push(token_id))
             if choice.stop.stopped:
                 reason = "stop"
-        if reason is None and seq.num_output_tokens >= seq.max_tokens:
+        if reason is None and seq.matcher is not None and grammar_complete(seq.matcher, token_id):
+            reason = "stop"
+        if reason is None and choice.num_tokens >= seq.max_tokens:  # counted as emitted: drafts run ahead
             reason = "length"
         if reason is not None and not choice.stop.stopped:
             # Ending for another reason: release held-back text (a UTF-8 tail, a partial stop string).
@@ -297,7 +329,21 @@ class LLMEngine:
             text += choice.stop.flush()
             if choice.stop.stopped:
                 reason = "stop"
-        delta = ChoiceDelta(index=seq.index, token_ids=[token_id], text=text, finish_reason=reason)
+        tool_calls = None
+        if choice.tools is not None:
+            text = choice.tools.feed(text)
+            if reason is not None:
+                rest, tool_calls = choice.tools.finish()
+                text += rest
+                if tool_calls and reason == "stop":
+                    reason = "tool_calls"
+        delta = ChoiceDelta(
+            index=seq.index,
+            token_ids=[token_id],
+            text=text,
+            tool_calls=tool_calls or None,
+            finish_reason=reason,
+        )
         if token.logprob is not None:
             delta.logprobs = [Logprob(token_id, token.logprob, list(token.top_logprobs or []))]
         if reason is not None:
@@ -345,16 +391,6 @@ class LLMEngine:
                 result.deltas.extend(out.deltas)
                 result.usage = out.usage or result.usage
         return results
-
-
-def release_freed_memory() -> None:
-    """Hand the heap that loading freed (float copies, the GGUF's dequantized tensors) back to the OS.
-    glibc keeps freed blocks for reuse, so without this the process stays about 350 MB larger
-    than what it holds. A no-op where the C library has no ``malloc_trim``."""
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _activation_dtype(model: torch.nn.Module) -> torch.dtype:

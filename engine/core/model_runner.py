@@ -21,6 +21,7 @@ from engine.config import KV_TOKENS_PER_SEQ, EngineConfig
 from engine.core.context import make_context, reset_context, set_context
 from engine.core.sampler import SampledToken, sample
 from engine.core.scheduler import SchedulerOutput
+from engine.core.speculative import verify
 from engine.layers.attention import Attention
 from engine.model_config import ModelConfig
 
@@ -104,8 +105,10 @@ class ModelRunner:
         return int(budget // self.bytes_per_block)
 
     @torch.inference_mode()
-    def run(self, batch: SchedulerOutput) -> list[SampledToken | None]:
-        """Compute the batch's new tokens; one sample per sequence whose last token was computed."""
+    def run(self, batch: SchedulerOutput) -> list[list[SampledToken]]:
+        """Compute the batch's new tokens. A sequence whose last token is computed gets one sampled
+        token, or with draft tokens (speculative decoding) the drafts it keeps and one more; the
+        others (prompts still being prefilled) get none."""
         if batch.block_copies:
             src = torch.tensor([s for s, _ in batch.block_copies], device=self.device)
             dst = torch.tensor([d for _, d in batch.block_copies], device=self.device)
@@ -115,25 +118,40 @@ class ModelRunner:
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
+        # What attention sees: one entry per sequence, except that a sequence with drafts is one
+        # single-token entry per row (row j attends to the keys before it and itself), so each
+        # row is computed exactly as a plain decode at that position would be: greedy output
+        # cannot tell speculation on from off.
+        query_lens: list[int] = []
         context_lens: list[int] = []
-        sample_rows: list[int] = []
-        last_rows: list[int] = []  # each sequence's last row in the flat batch
+        block_tables: list[list[int]] = []
+        sampling: list[int] = []  # the sequences that sample this step
+        logit_rows: list[int] = []  # rows of the flat batch that need logits, in sampling order
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
+            tokens = seq.token_ids + seq.draft_token_ids if seq.draft_token_ids else seq.token_ids
             start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            last_rows.append(len(input_ids) + n - 1)
-            input_ids.extend(seq.token_ids[start:end])
+            if end == len(tokens):
+                sampling.append(i)
+                last = len(input_ids) + n - 1
+                logit_rows.extend(range(last - len(seq.draft_token_ids), last + 1))
+            input_ids.extend(tokens[start:end])
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            context_lens.append(end)
-            if end == seq.num_tokens:
-                sample_rows.append(i)
+            if seq.draft_token_ids:
+                query_lens.extend([1] * n)
+                context_lens.extend(range(start + 1, end + 1))
+                block_tables.extend([table] * n)
+            else:
+                query_lens.append(n)
+                context_lens.append(end)
+                block_tables.append(table)
 
         set_context(
             make_context(
-                query_lens=batch.num_new_tokens,
+                query_lens=query_lens,
                 context_lens=context_lens,
-                block_tables=[seq.block_table for seq in batch.seqs],
+                block_tables=block_tables,
                 slot_mapping=slots,
                 device=self.device,
             )
@@ -145,14 +163,33 @@ class ModelRunner:
         finally:
             reset_context()
 
-        results: list[SampledToken | None] = [None] * len(batch.seqs)
-        if not sample_rows:
+        results: list[list[SampledToken]] = [[] for _ in batch.seqs]
+        if not sampling:
             return results
-        if len(sample_rows) < hidden.shape[0]:  # else every row is a sampled decode: use them all as is
-            hidden = hidden[torch.tensor([last_rows[i] for i in sample_rows], device=self.device)]
+        if len(logit_rows) < hidden.shape[0]:  # else every row is a sampled decode: use them all as is
+            hidden = hidden[torch.tensor(logit_rows, device=self.device)]
         logits = self.model.compute_logits(hidden).float()
-        for i, token in zip(sample_rows, sample(logits, [batch.seqs[i] for i in sample_rows]), strict=True):
-            results[i] = token
+        plain: list[int] = []  # sequences without drafts: one batched sample
+        plain_rows: list[int] = []
+        row = 0
+        for i in sampling:
+            seq = batch.seqs[i]
+            if seq.draft_token_ids:
+                k = len(seq.draft_token_ids)
+                results[i] = verify(logits[row : row + k + 1], seq, seq.draft_token_ids)
+                row += k + 1
+            else:
+                plain.append(i)
+                plain_rows.append(row)
+                row += 1
+        if plain:
+            rows = (
+                logits
+                if len(plain_rows) == logits.shape[0]
+                else logits[torch.tensor(plain_rows, device=logits.device)]
+            )
+            for i, token in zip(plain, sample(rows, [batch.seqs[i] for i in plain]), strict=True):
+                results[i] = [token]
         return results
 
 

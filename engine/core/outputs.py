@@ -8,10 +8,15 @@ and turns :class:`RequestOutput` into the RPC's frames (``engine/serving/frames.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-FinishReason = Literal["stop", "length", "abort", "error"]
+if TYPE_CHECKING:
+    from engine.structured.grammar import Grammar
+    from engine.structured.tools import ToolCallParser
+
+FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 
 
 class ErrorKind(enum.Enum):
@@ -72,6 +77,19 @@ class EngineRequest:
     """Requests with different namespaces never share prefix-cache blocks."""
     deadline: float | None = None
     """Unix time after which the engine aborts the request."""
+    grammar: Grammar | None = None
+    """Structured output: every choice's tokens are held to this grammar."""
+    tool_parser: Callable[[], ToolCallParser] | None = None
+    """Tool calling: makes each choice's parser, which finds the calls in its text."""
+
+
+@dataclass
+class ToolCall:
+    """A function call found in a choice's output; ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 @dataclass
@@ -91,6 +109,7 @@ class ChoiceDelta:
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     logprobs: list[Logprob] | None = None
+    tool_calls: list[ToolCall] | None = None
     finish_reason: FinishReason | None = None
 
 

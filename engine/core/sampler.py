@@ -5,8 +5,8 @@ Every transform is row-wise, and random draws come from each sequence's own
 the batch: a seeded request is reproducible. Sampling uses the exponential-race
 trick (``argmax(p / E)`` with ``E ~ Exp(1)``), which draws from ``p`` exactly.
 
-Order, as in vLLM and transformers: penalties, then temperature, then top-k,
-top-p and min-p. Reported logprobs are those of the model's raw distribution
+Order, as in vLLM and transformers: grammar masks (structured output), penalties,
+then temperature, then top-k, top-p and min-p. Reported logprobs are those of the model's raw distribution
 (before penalties and temperature), like the OpenAI API.
 """
 
@@ -18,6 +18,7 @@ import torch
 
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
+from engine.structured.grammar import mask_logits
 
 
 @dataclass
@@ -31,17 +32,17 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     """``logits`` [N, V] float32, one row per sequence in ``seqs``."""
     params = [s.sampling for s in seqs]
     if all(_is_plain_greedy(p) for p in params):  # the common case: one argmax over the batch
-        return [SampledToken(t) for t in _argmax(logits).tolist()]
+        return [SampledToken(t) for t in _argmax(apply_grammars(logits, seqs)).tolist()]
     raw_logprobs = None
     if any(p.logprobs or p.top_logprobs for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
 
-    logits = apply_penalties(logits, seqs)
+    logits = apply_penalties(apply_grammars(logits, seqs), seqs)
     token_ids = _argmax(logits)
     random_rows = [i for i, p in enumerate(params) if p.temperature > 0]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
-        probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
+        probs = filtered_probs(logits[rows], [params[i] for i in random_rows])
         noise = torch.stack(
             [torch.empty_like(probs[0]).exponential_(generator=seqs[i].generator) for i in random_rows]
         )
@@ -50,13 +51,21 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> list[SampledToken]:
     chosen = token_ids.tolist()
     results = [SampledToken(t) for t in chosen]
     if raw_logprobs is not None:
-        _attach_logprobs(results, raw_logprobs, params)
+        attach_logprobs(results, raw_logprobs, params)
     return results
+
+
+def apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Forbid what each constrained sequence's grammar does not allow next; other rows are untouched."""
+    rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
+    if not rows:
+        return logits
+    return mask_logits(logits, rows, [m for s in seqs if (m := s.matcher) is not None])
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     """Repetition (over prompt and output, transformers-style), presence and frequency (output only)."""
-    rows = [i for i, s in enumerate(seqs) if _has_penalty(s.sampling)]
+    rows = [i for i, s in enumerate(seqs) if has_penalty(s.sampling)]
     if not rows:
         return logits
     logits = logits.clone()
@@ -82,14 +91,14 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
 
 
 def _is_plain_greedy(p: SamplingParams) -> bool:
-    return p.temperature == 0 and not (p.logprobs or p.top_logprobs) and not _has_penalty(p)
+    return p.temperature == 0 and not (p.logprobs or p.top_logprobs) and not has_penalty(p)
 
 
-def _has_penalty(p: SamplingParams) -> bool:
+def has_penalty(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 
-def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Temperature, top-k, top-p and min-p, row by row, as probabilities."""
     device = logits.device
     temperature = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
@@ -121,7 +130,7 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     return probs
 
 
-def _attach_logprobs(
+def attach_logprobs(
     results: list[SampledToken], logprobs: torch.Tensor, params: list[SamplingParams]
 ) -> None:
     chosen = torch.tensor([r.token_id for r in results], device=logprobs.device)

@@ -121,18 +121,24 @@ class Scheduler:
         return out
 
     def postprocess(
-        self, batch: SchedulerOutput, sampled: list[SampledToken | None]
+        self, batch: SchedulerOutput, sampled: list[list[SampledToken]]
     ) -> list[tuple[Sequence, SampledToken]]:
-        """Apply a step: advance what each sequence computed, append its sampled token.
+        """Apply a step: advance what each sequence computed, append its sampled tokens (one, or
+        with speculative decoding the accepted drafts and one more), forget rejected drafts.
 
-        Returns the sequences that got a token (in batch order), for the engine to emit.
+        Returns each (sequence, token) in order, for the engine to emit.
         """
         got: list[tuple[Sequence, SampledToken]] = []
-        for seq, num_new, token in zip(batch.seqs, batch.num_new_tokens, sampled, strict=True):
-            seq.num_computed_tokens += num_new
-            if token is not None:
+        for seq, num_new, tokens in zip(batch.seqs, batch.num_new_tokens, sampled, strict=True):
+            drafts = len(seq.draft_token_ids)
+            rejected = drafts - (len(tokens) - 1) if drafts else 0
+            seq.num_computed_tokens += num_new - rejected  # rejected drafts' KV is not kept
+            for token in tokens:
                 seq.append_token(token.token_id)
                 got.append((seq, token))
+            if drafts:
+                seq.draft_token_ids = []
+                self.block_manager.trim(seq)
         return got
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -140,10 +146,15 @@ class Scheduler:
         while i < len(self.running):
             seq = self.running[i]
             behind = len(self.running) - i - 1
-            num_new = min(seq.num_uncomputed_tokens, budget - behind)
+            num_new = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget - behind)
             if num_new <= 0:
+                seq.draft_token_ids = []
                 i += 1
                 continue
+            if seq.draft_token_ids:  # drafts take what is left of the budget and the pool, never more
+                if not self.block_manager.can_allocate(seq, num_new):
+                    num_new = seq.num_uncomputed_tokens
+                del seq.draft_token_ids[max(0, num_new - seq.num_uncomputed_tokens) :]
             while not self.block_manager.can_allocate(seq, num_new):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -248,6 +259,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.draft_token_ids = []
         self._free(seq)
         seq.num_preemptions += 1
         self.add_first(seq)

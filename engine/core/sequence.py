@@ -10,8 +10,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    import llguidance
 
 from engine.core.outputs import SamplingParams
 
@@ -20,6 +24,18 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+@dataclass
+class DraftStats:
+    """A sequence's record with speculative decoding, for backing off where it does not pay."""
+
+    misses: int = 0
+    """Consecutive verifications that accepted nothing."""
+    cool_down: int = 0
+    """Steps left without drafts."""
+    num_tokens: int = 0
+    """Drafts to propose next (0: the speculator's most); grows while drafts are all kept."""
 
 
 @dataclass(eq=False)
@@ -48,6 +64,11 @@ class Sequence:
     num_preemptions: int = 0
     prefix_handle: object | None = None
     """Opaque state a prefix cache attaches (e.g. the locked tree node); released on free."""
+    draft_token_ids: list[int] = field(default_factory=list)
+    """Speculative decoding: guesses for the tokens after the last one, checked by this step."""
+    draft_stats: DraftStats = field(default_factory=DraftStats)
+    matcher: llguidance.LLMatcher | None = None
+    """Structured output: where this sequence is in its grammar (masks its logits, eats its tokens)."""
 
     def __post_init__(self) -> None:
         if not self.token_ids:

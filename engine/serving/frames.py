@@ -10,7 +10,15 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import ChoiceDelta, Logprob, RequestOutput, RequestUsage
 from engine.serving.requests import engine_request
 from engine.tokenizer import Tokenizer
-from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, GenerateRequest, TokenLogprob, TopLogprob
+from protocol.rpc import (
+    DeltaFrame,
+    ErrorFrame,
+    FinalFrame,
+    GenerateRequest,
+    TokenLogprob,
+    ToolCall,
+    TopLogprob,
+)
 
 Frame = DeltaFrame | FinalFrame | ErrorFrame
 
@@ -29,6 +37,8 @@ def delta_frame(delta: ChoiceDelta, tokenizer: Tokenizer) -> DeltaFrame:
     )
     if delta.logprobs is not None:
         frame.logprobs = [token_logprob(lp, tokenizer) for lp in delta.logprobs]
+    if delta.tool_calls:
+        frame.tool_calls = [ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in delta.tool_calls]
     return frame
 
 
@@ -71,5 +81,8 @@ def generate_frames(
     engine: LLMEngine, requests: list[GenerateRequest]
 ) -> dict[str, list[DeltaFrame | FinalFrame]]:
     """Run wire requests to completion (tests, offline use): the frames each would stream."""
-    core = [engine_request(r, engine.tokenizer, model_name=engine.model_name) for r in requests]
+    core = [
+        engine_request(r, engine.tokenizer, model_name=engine.model_name, grammars=engine.grammars)
+        for r in requests
+    ]
     return {rid: to_frames(out, engine.tokenizer) for rid, out in engine.generate(core).items()}

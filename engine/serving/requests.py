@@ -8,10 +8,19 @@ long prompts do not hold up the forward pass.
 from __future__ import annotations
 
 from dataclasses import fields
+from functools import partial
 
 from engine.core.outputs import EngineRequest, ErrorKind, RequestError, SamplingParams
+from engine.structured.grammar import Grammar, GrammarCompiler
+from engine.structured.tools import (
+    ToolCallParser,
+    forced_call_grammar,
+    prompt_messages,
+    template_supports_tools,
+    tool_call_format,
+)
 from engine.tokenizer import Tokenizer
-from protocol.rpc import GenerateRequest
+from protocol.rpc import GenerateRequest, ToolSpec
 from protocol.rpc import SamplingParams as WireSamplingParams
 
 
@@ -32,12 +41,24 @@ def check_model(request: GenerateRequest, model_name: str) -> None:
         )
 
 
+def active_tools(request: GenerateRequest) -> list[ToolSpec]:
+    """The tools the model is told about: none with ``tool_choice: none`` (it must not call them)."""
+    return list(request.tools or []) if request.tool_choice != "none" else []
+
+
 def tokenize(request: GenerateRequest, tokenizer: Tokenizer) -> list[int]:
     """The prompt's token ids: chat messages through the template, text encoded, ids as given."""
     if request.messages is not None:
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        tools = None
+        if request.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            messages, tools = prompt_messages(
+                messages,
+                active_tools(request),
+                template_has_tools=template_supports_tools(tokenizer.chat_template),
+            )
         try:
-            return tokenizer.encode_chat(messages)
+            return tokenizer.encode_chat(messages, **({"tools": tools} if tools else {}))
         except Exception as exc:  # template errors are the caller's input problem
             raise RequestError(f"could not apply the chat template: {exc}", param="messages") from exc
     if isinstance(request.prompt, str):
@@ -45,13 +66,34 @@ def tokenize(request: GenerateRequest, tokenizer: Tokenizer) -> list[int]:
     return list(request.prompt or [])
 
 
-def engine_request(request: GenerateRequest, tokenizer: Tokenizer, *, model_name: str) -> EngineRequest:
+def grammar(request: GenerateRequest, grammars: GrammarCompiler, chat_template: str | None) -> Grammar | None:
+    """The grammar a request's output is held to: a forced tool call, else its JSON schema, else none.
+    Compiled here, in the request's worker thread, so the step loop never waits on it."""
+    tools = active_tools(request)
+    if tools:
+        fmt = tool_call_format(chat_template)
+        lark = forced_call_grammar(tools, request.tool_choice, parallel=request.parallel_tool_calls, fmt=fmt)
+        if lark is not None:
+            return grammars.compile(lark, param="tools")
+    if request.json_schema is not None:
+        return grammars.json_schema(request.json_schema)
+    return None
+
+
+def engine_request(
+    request: GenerateRequest, tokenizer: Tokenizer, *, model_name: str, grammars: GrammarCompiler
+) -> EngineRequest:
     """Check and tokenise a wire request; raises :class:`RequestError` for bad input."""
     check_model(request, model_name)
+    tools = active_tools(request)
     return EngineRequest(
         request_id=request.request_id,
         prompt_token_ids=tokenize(request, tokenizer),
         sampling=sampling_params(request.sampling),
         cache_namespace=request.cache_namespace,
         deadline=request.deadline,
+        grammar=grammar(request, grammars, tokenizer.chat_template),
+        tool_parser=partial(ToolCallParser, tools, tool_call_format(tokenizer.chat_template))
+        if tools
+        else None,
     )

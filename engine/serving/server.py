@@ -99,7 +99,11 @@ class EngineThread:
         engine = self.engine
         try:
             core = await asyncio.to_thread(
-                engine_request, request, engine.tokenizer, model_name=engine.model_name
+                engine_request,
+                request,
+                engine.tokenizer,
+                model_name=engine.model_name,
+                grammars=engine.grammars,
             )
             await self._call(lambda: engine.add_request(core))
         except BaseException:

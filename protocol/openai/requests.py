@@ -4,10 +4,11 @@ an RPC :class:`~protocol.rpc.GenerateRequest`.
 Parameter policy: unknown fields are a 400 ("Unrecognized request argument
 supplied"), as OpenAI answers. Known OpenAI fields that only describe the
 caller (``user``, ``store``, ``metadata``, ...) are accepted and ignored. Known
-fields that would change the output and that Tern cannot honour (``tools``,
-``logit_bias``, ``response_format`` other than text, ``echo``, ...) are a 400
-naming the parameter unless they are left at their neutral value, so a client
-never silently gets something other than what it asked for.
+fields that would change the output and that Tern cannot honour (``logit_bias``,
+``echo``, the deprecated ``functions``, ...) are a 400 naming the parameter unless
+they are left at their neutral value, so a client never silently gets something
+other than what it asked for. ``response_format`` and ``tools`` are honoured by
+constrained decoding in the engine (docs/structured-output.md).
 """
 
 from __future__ import annotations
@@ -28,10 +29,19 @@ from pydantic.json_schema import JsonDict
 from pydantic_core import PydanticCustomError
 
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors
-from protocol.rpc import GenerateRequest
+from protocol.openai.tools import (
+    ANY_JSON_OBJECT,
+    TOOL_CHOICE_RULE,
+    TOOL_RESULT_RULE,
+    ResponseFormat,
+    ToolCallIn,
+    check_tool_choice,
+    drop_sdk_echoes,
+)
+from protocol.rpc import GenerateRequest, ToolChoice, ToolSpec
 
 # Accepted and ignored: they describe the caller, not the output.
-_IGNORED_FIELDS = ("user", "store", "metadata", "service_tier", "parallel_tool_calls", "safety_identifier")
+_IGNORED_FIELDS = ("user", "store", "metadata", "service_tier", "safety_identifier")
 
 
 def _refuse_unsupported(data: Any, neutral: dict[str, tuple[Any, ...]]) -> Any:
@@ -161,14 +171,29 @@ class TextContentPart(BaseModel):
 class ChatMessageIn(BaseModel):
     """One chat message as OpenAI accepts it; text content only."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"allOf": [TOOL_RESULT_RULE]})
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextContentPart] | None = None
     name: str | None = None
     tool_call_id: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCallIn] | None = None
     refusal: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sdk_echoes(cls, data: Any) -> Any:
+        return drop_sdk_echoes(data, ("parsed", "annotations", "audio", "function_call"))
+
+    @model_validator(mode="after")
+    def _tool_result_names_its_call(self) -> ChatMessageIn:
+        if self.role == "tool" and self.tool_call_id is None:
+            raise PydanticCustomError(
+                "tern_invalid",
+                "Messages with role 'tool' must have a 'tool_call_id' naming the call they answer.",
+                {"param": "messages"},
+            )
+        return self
 
     @field_validator("content", mode="before")
     @classmethod
@@ -194,8 +219,8 @@ class ChatMessageIn(BaseModel):
         message |= {
             k: v for k, v in (("name", self.name), ("tool_call_id", self.tool_call_id)) if v is not None
         }
-        if self.tool_calls is not None:
-            message["tool_calls"] = self.tool_calls
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
         return message
 
 
@@ -203,13 +228,20 @@ class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE]}
+        extra="forbid",
+        json_schema_extra={"allOf": [_STREAM_OPTIONS_RULE, _TOP_LOGPROBS_RULE, TOOL_CHOICE_RULE]},
     )
 
     messages: list[ChatMessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    tool_choice: ToolChoice | None = Field(
+        default=None, description="A named function must be one of `tools` (else a 400, as on OpenAI)"
+    )
+    parallel_tool_calls: bool | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -218,11 +250,8 @@ class ChatCompletionRequest(_Request):
             data,
             {
                 "logit_bias": ({},),
-                "tools": ([],),
-                "tool_choice": ("none",),
                 "functions": ([],),
                 "function_call": ("none",),
-                "response_format": ({"type": "text"},),
                 "modalities": (["text"],),
                 "audio": (),
                 "prediction": (),
@@ -242,6 +271,20 @@ class ChatCompletionRequest(_Request):
             )
         return top_logprobs
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, choice: ToolChoice | None, info: ValidationInfo) -> ToolChoice | None:
+        return check_tool_choice(choice, info.data.get("tools") or [])
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema ``response_format`` constrains the output to (None: free text)."""
+        fmt = self.response_format
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.json_schema is not None and fmt.json_schema.schema_ is not None:
+            return fmt.json_schema.schema_
+        return ANY_JSON_OBJECT
+
     def to_generate_request(
         self, *, request_id: str, cache_namespace: str | None = None, deadline: float | None = None
     ) -> GenerateRequest:
@@ -249,16 +292,25 @@ class ChatCompletionRequest(_Request):
         sampling = self._sampling(
             max_tokens=max_tokens, logprobs=self.logprobs, top_logprobs=self.top_logprobs or 0
         )
-        return _generate_request(
-            {
-                "request_id": request_id,
-                "model": self.model,
-                "messages": [m.to_rpc() for m in self.messages],
-                "sampling": sampling,
-                "cache_namespace": cache_namespace,
-                "deadline": deadline,
-            }
-        )
+        fields: dict[str, Any] = {
+            "request_id": request_id,
+            "model": self.model,
+            "messages": [m.to_rpc() for m in self.messages],
+            "sampling": sampling,
+            "cache_namespace": cache_namespace,
+            "deadline": deadline,
+        }
+        # Only when asked for, so the usual request validates no more than before.
+        if (schema := self.json_schema()) is not None:
+            fields["json_schema"] = schema
+        if self.tools:
+            fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
+            if self.tool_choice is not None:
+                choice = self.tool_choice
+                fields["tool_choice"] = choice if isinstance(choice, str) else choice.model_dump()
+            if self.parallel_tool_calls is not None:
+                fields["parallel_tool_calls"] = self.parallel_tool_calls
+        return _generate_request(fields)
 
 
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}

@@ -9,7 +9,7 @@ import orjson
 
 from protocol.openai.errors import error_body
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
-from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, TokenLogprob
+from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, TokenLogprob, ToolCall
 
 Frame = DeltaFrame | FinalFrame | ErrorFrame
 SSE_DONE = b"data: [DONE]\n\n"
@@ -39,6 +39,12 @@ def _chat_logprob(lp: TokenLogprob) -> dict[str, Any]:
         "bytes": lp.bytes,
         "top_logprobs": [{"token": t.token, "logprob": t.logprob, "bytes": t.bytes} for t in lp.top_logprobs],
     }
+
+
+def _tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
+    """OpenAI's shape; a streamed call also carries its position among the choice's calls."""
+    body = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+    return body if index is None else {"index": index} | body
 
 
 class _Formatter:
@@ -127,6 +133,18 @@ class StreamFormatter(_Formatter):
 
     def _delta(self, frame: DeltaFrame) -> bytes:
         out = b""
+        if frame.tool_calls and self.is_chat:
+            calls = [_tool_call(call, k) for k, call in enumerate(frame.tool_calls)]
+            out += self._chunk(
+                [
+                    {
+                        "index": frame.index,
+                        "delta": {"tool_calls": calls},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ]
+            )
         if frame.text or frame.logprobs:
             if self.is_chat:
                 logprobs = (
@@ -163,9 +181,12 @@ class ResponseAccumulator(_Formatter):
         super().__init__(request, request_id=request_id, created=created)
         self._text: dict[int, list[str]] = {i: [] for i in range(self.n)}
         self._logprobs: dict[int, list[TokenLogprob]] = {}
+        self._tool_calls: dict[int, list[ToolCall]] = {}
 
     def add(self, frame: DeltaFrame) -> None:
         self._text.setdefault(frame.index, []).append(frame.text)
+        if frame.tool_calls:
+            self._tool_calls.setdefault(frame.index, []).extend(frame.tool_calls)
         if frame.logprobs:
             self._logprobs.setdefault(frame.index, []).extend(frame.logprobs)
         if frame.finish_reason is not None:
@@ -179,7 +200,11 @@ class ResponseAccumulator(_Formatter):
             lps = self._logprobs.get(index)
             if self.is_chat:
                 logprobs = {"content": [_chat_logprob(lp) for lp in lps]} if lps else None
-                choice = {"index": index, "message": {"role": "assistant", "content": text}}
+                message: dict[str, Any] = {"role": "assistant", "content": text}
+                if calls := self._tool_calls.get(index):
+                    message["content"] = text or None
+                    message["tool_calls"] = [_tool_call(call) for call in calls]
+                choice = {"index": index, "message": message}
             else:
                 logprobs = self._completion_logprobs(index, lps) if lps else None
                 choice = {"index": index, "text": text}

@@ -26,7 +26,7 @@ def make_seq(name: str, num_prompt_tokens: int) -> Sequence:
 def run_step(scheduler: Scheduler, out: SchedulerOutput) -> None:
     """What the model runner returns for a step: a token for each sequence whose prompt is all computed."""
     sampled = [
-        SampledToken(1) if seq.num_computed_tokens + n == seq.num_tokens else None
+        [SampledToken(1)] if seq.num_computed_tokens + n == seq.num_tokens else []
         for seq, n in zip(out.seqs, out.num_new_tokens, strict=True)
     ]
     scheduler.postprocess(out, sampled)
@@ -126,11 +126,11 @@ def test_postprocess_advances_computed_tokens_and_appends_sampled_ones() -> None
     seq = make_seq("a", 10)
     scheduler.add(seq)
     out = scheduler.schedule()
-    assert scheduler.postprocess(out, [None]) == []  # a prefill chunk: nothing sampled yet
+    assert scheduler.postprocess(out, [[]]) == []  # a prefill chunk: nothing sampled yet
     assert (seq.num_computed_tokens, seq.num_tokens) == (6, 10)
     out = scheduler.schedule()
     token = SampledToken(7)
-    assert scheduler.postprocess(out, [token]) == [(seq, token)]
+    assert scheduler.postprocess(out, [[token]]) == [(seq, token)]
     assert (seq.num_computed_tokens, seq.output_token_ids) == (10, [7])
 
 

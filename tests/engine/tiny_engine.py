@@ -87,7 +87,9 @@ def make_tiny_engine(tokenizer: Tokenizer | None = None, **overrides: Any) -> LL
 
 def add_wire_request(engine: LLMEngine, request: GenerateRequest) -> None:
     """Queue an RPC request the way the server does: check the model and tokenise, then add."""
-    engine.add_request(engine_request(request, engine.tokenizer, model_name=engine.model_name))
+    engine.add_request(
+        engine_request(request, engine.tokenizer, model_name=engine.model_name, grammars=engine.grammars)
+    )
 
 
 def blocks_held_by_requests(engine: LLMEngine) -> int:

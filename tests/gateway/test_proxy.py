@@ -106,6 +106,38 @@ async def test_request_reaches_engine_as_rpc(
     assert sent.cache_namespace is None  # TERN_PREFIX_CACHE_ISOLATION=shared, the default
 
 
+async def test_structured_output_and_tools_reach_the_engine_and_bad_ones_do_not(
+    client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine]
+) -> None:
+    """Issue 15: the gateway validates these fields as OpenAI does and passes them on unchanged."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": schema}}
+    body = CHAT | {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "city", "schema": schema, "strict": True},
+        },
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        "parallel_tool_calls": False,
+    }
+    response = await client.post("/v1/chat/completions", json=body, headers=key)
+    assert response.status_code == 200, response.text
+    [sent] = [r for e in fake_engines for r in e.received]
+    assert sent.json_schema == schema and sent.parallel_tool_calls is False
+    assert sent.tools is not None and sent.tools[0].model_dump(exclude_none=True) == tool
+    assert not isinstance(sent.tool_choice, str) and sent.tool_choice.function.name == "get_weather"
+
+    for bad, param in [
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+    ]:
+        refused = await client.post("/v1/chat/completions", json=CHAT | bad, headers=key)
+        assert assert_openai_error(refused, 400)["param"] == param
+    assert len([r for e in fake_engines for r in e.received]) == 1  # refused ones never reach an engine
+
+
 async def test_default_max_tokens_is_the_cap(
     app: FastAPI, client: httpx.AsyncClient, key: dict[str, str], fake_engines: list[FakeEngine]
 ) -> None:

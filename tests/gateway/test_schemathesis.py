@@ -6,6 +6,7 @@ Bounded in time: few examples per operation (``MAX_EXAMPLES``) and a timeout on 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -56,7 +57,10 @@ def schemathesis(gateway: ServerThread, key: str, tmp_path: Path) -> subprocess.
         "--report-dir",
         str(tmp_path),
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False)
+    env = os.environ | {"SCHEMATHESIS_HOOKS": str(Path(__file__).with_name("schemathesis_hooks.py"))}
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, check=False, env=env
+    )
 
 
 @pytest.mark.parametrize("who", ["admin", "tenant"])

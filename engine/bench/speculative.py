@@ -1,0 +1,153 @@
+"""Speculative decoding benchmark: output tokens/s with n-gram speculation on against off.
+
+Two workloads on the default model, greedy (so both settings produce the same tokens, which the
+benchmark checks):
+
+- ``input_grounded``: the answer copies its input: rewrite a passage, edit a code file, quote
+  from a document, repeat a text;
+- ``open_ended``: the 16 chat prompts every engine benchmark uses (``engine.bench.PROMPTS``).
+
+At 1 stream each prompt runs alone; at ``--streams`` (16) the prompts run together, as one batch.
+Settings alternate on the same engine (speculation is switched on the running engine; off/on,
+then on/off), after one untimed warm-up batch, so a noisy neighbour hits both alike. Prints one
+JSON object: tokens/s per setting, the ratio on/off, the draft acceptance rate.
+
+    python -m engine.bench.speculative [--rounds 2] [--max-tokens 192] [--streams 16] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from engine.bench import PROMPTS, cpu_model
+from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest, SamplingParams
+from engine.core.speculative import NgramSpeculator
+
+PASSAGE = (
+    "The old stone bridge crosses the river at the narrowest point of the valley. It was built in 1792 "
+    "by the villagers themselves, who carried every stone from the quarry on the hill. For two centuries "
+    "it carried carts, cattle and, later, cars, until a new bridge opened downstream in 1989. Today the "
+    "old bridge is for walkers only, and every summer the village holds a market on it.\n\n"
+    "The market sells bread, cheese, honey and wool from the farms around the valley. Musicians play "
+    "at both ends of the bridge, and children race paper boats under its three arches. When the river "
+    "floods in spring, the water rises almost to the keystones, but the bridge has never moved."
+)
+CODE = '''def add(a, b):
+    """Return the sum of a and b."""
+    return a + b
+
+
+def mean(values):
+    """Return the arithmetic mean of a list of numbers."""
+    total = 0
+    for value in values:
+        total = add(total, value)
+    return total / len(values)
+'''
+INPUT_GROUNDED = [
+    f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",
+    f"Rewrite the following text, replacing the word 'bridge' with 'viaduct' everywhere:\n\n{PASSAGE}",
+    f"Rename the function `add` to `plus` in this Python code and return the whole code:\n\n{CODE}",
+    f"{PASSAGE}\n\nQuote the sentences of the text above that mention the years 1792 and 1989.",
+]
+
+
+def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    """All prompts at once; returns the seconds it took and each request's tokens."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    requests = [EngineRequest(f"r{i}-{time.monotonic_ns()}", p, params) for i, p in enumerate(prompts)]
+    started = time.perf_counter()
+    results = engine.generate(requests)
+    elapsed = time.perf_counter() - started
+    return elapsed, [[t for d in results[r.request_id].deltas for t in d.token_ids] for r in requests]
+
+
+def measure(
+    engine: LLMEngine,
+    speculator: NgramSpeculator,
+    prompts: list[list[int]],
+    *,
+    streams: int,
+    max_tokens: int,
+    rounds: int,
+) -> dict[str, Any]:
+    seconds = {"on": 0.0, "off": 0.0}
+    tokens: dict[str, list[list[int]]] = {"on": [], "off": []}
+    metrics = engine.metrics
+    drafted = accepted = 0.0
+    groups = [prompts[i : i + streams] for i in range(0, len(prompts), streams)]
+    run_batch(engine, groups[0], max_tokens)  # warm-up: first touch of this many KV pages
+    for round_index in range(rounds):
+        for setting in ("off", "on") if round_index % 2 == 0 else ("on", "off"):
+            engine.speculator = speculator if setting == "on" else None
+            before = (metrics.draft_tokens._value.get(), metrics.accepted_draft_tokens._value.get())
+            for group in groups:
+                elapsed, out = run_batch(engine, group, max_tokens)
+                seconds[setting] += elapsed
+                tokens[setting].extend(out)
+            drafted += metrics.draft_tokens._value.get() - before[0]
+            accepted += metrics.accepted_draft_tokens._value.get() - before[1]
+    count = sum(len(t) for t in tokens["off"])
+    on, off = count / seconds["on"], count / seconds["off"]
+    return {
+        "streams": streams,
+        "output_tokens": count // rounds,
+        "tokens_per_s_off": round(off, 1),
+        "tokens_per_s_on": round(on, 1),
+        "speedup": round(on / off, 3),
+        "draft_acceptance": round(accepted / drafted, 3) if drafted else None,
+        "identical_tokens": tokens["on"] == tokens["off"],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--streams", type=int, default=16, help="the concurrent case (1 stream is always run)")
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    config = EngineConfig(num_threads=args.threads, enable_prefix_cache=False)
+    engine = LLMEngine.from_config(config)
+    speculator = engine.speculator or NgramSpeculator(
+        num_tokens=config.num_speculative_tokens,
+        ngram_min=config.ngram_min,
+        ngram_max=config.ngram_max,
+        max_batch=config.speculative_max_batch,
+    )
+
+    def chat(texts: list[str]) -> list[list[int]]:
+        return [engine.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+
+    grounded, open_ended = chat(INPUT_GROUNDED), chat(PROMPTS)
+    run_batch(engine, grounded[:1], 8)  # warm-up
+    common = {"max_tokens": args.max_tokens, "rounds": args.rounds}
+    result = {
+        "model": engine.model_name,
+        "cpu": cpu_model(),
+        "settings": {
+            "num_speculative_tokens": speculator.num_tokens,
+            "ngram": [speculator.ngram_min, speculator.ngram_max],
+            "max_batch": speculator.max_batch,
+        },
+        "input_grounded_1_stream": measure(engine, speculator, grounded, streams=1, **common),
+        "open_ended_1_stream": measure(engine, speculator, open_ended[:6], streams=1, **common),
+        f"open_ended_{args.streams}_streams": measure(
+            engine,
+            speculator,
+            open_ended * (args.streams // len(open_ended) or 1),
+            streams=args.streams,
+            **common,
+        ),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

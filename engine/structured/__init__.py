@@ -1,0 +1,1 @@
+"""Structured output and tool calling: grammars (llguidance) and tool-call formats."""

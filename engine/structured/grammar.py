@@ -1,0 +1,163 @@
+"""Grammars for constrained decoding, compiled by llguidance and cached by their source.
+
+A :class:`Grammar` is compiled once per distinct source (a JSON schema, or the Lark
+grammar of a tool-call format) and kept in a small LRU cache; every constrained
+sequence gets its own matcher, a copy of the grammar's pristine one. Compiling
+runs in the request handler's worker thread (``engine/serving/requests.py``),
+never on the step thread, so a request waiting for its grammar does not hold up
+the batch; llguidance releases the GIL while it builds.
+
+Why llguidance and not xgrammar: docs/structured-output.md (measured side by side).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import llguidance
+import numpy as np
+import torch
+
+from engine.core.outputs import RequestError
+from engine.metrics import EngineMetrics
+from engine.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""One-line JSON with the spacing models write by habit: no runaway newlines, natural-reading output."""
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """A compiled grammar; :meth:`matcher` starts a fresh parse of it for one sequence."""
+
+    source: str
+    _pristine: llguidance.LLMatcher
+
+    def matcher(self) -> llguidance.LLMatcher:
+        return self._pristine.deep_copy()
+
+
+class GrammarCompiler:
+    """Compiles and caches grammars for one tokenizer; safe to call from several threads."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        *,
+        vocab_size: int,
+        metrics: EngineMetrics | None = None,
+        cache_size: int = 256,
+    ) -> None:
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._metrics = metrics
+        self._cache_size = cache_size
+        self._cache: OrderedDict[str, Grammar] = OrderedDict()
+        self._lock = threading.Lock()
+        self._ll_tokenizer: llguidance.LLTokenizer | None = None
+
+    @property
+    def ll_tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of the vocabulary (about 0.3 s to build, so built on first use)."""
+        with self._lock:
+            if self._ll_tokenizer is None:
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    self._tokenizer.backend.to_str(),
+                    n_vocab=self._vocab_size,  # the logits' width, so masks line up with them
+                    eos_token=list(self._tokenizer.eos_token_ids),
+                )
+            return self._ll_tokenizer
+
+    def json_schema(self, schema: dict[str, Any]) -> Grammar:
+        """A grammar for JSON valid against ``schema``; a 400 naming what the schema uses that
+        cannot be enforced (rather than silently ignoring it)."""
+        return self.compile(lark_json(schema), param="response_format")
+
+    def compile(self, lark: str, *, param: str) -> Grammar:
+        started = time.perf_counter()
+        try:
+            return self._cached_or_built(lark, param=param)
+        finally:
+            if self._metrics:
+                self._metrics.grammar_wait_seconds.observe(time.perf_counter() - started)
+
+    def _cached_or_built(self, lark: str, *, param: str) -> Grammar:
+        with self._lock:
+            cached = self._cache.get(lark)
+            if cached is not None:
+                self._cache.move_to_end(lark)
+        if cached is not None:
+            if self._metrics:
+                self._metrics.grammar_cache_hits.inc()
+            return cached
+        started = time.perf_counter()
+        grammar = self._build(lark, param=param)
+        if self._metrics:
+            self._metrics.grammar_compile_seconds.observe(time.perf_counter() - started)
+        with self._lock:
+            self._cache[lark] = grammar
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return grammar
+
+    def _build(self, lark: str, *, param: str) -> Grammar:
+        tokenizer = self.ll_tokenizer
+        source = llguidance.LLMatcher.grammar_from_lark(lark)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, tokenizer)
+        if is_error or messages:  # warnings are keywords it would ignore: refuse those too
+            reasons = "; ".join(
+                _LOCATION.sub("", m).removeprefix("failed to compile JSON schema: ") for m in messages
+            )
+            raise RequestError(f"The schema cannot be enforced by structured output: {reasons}", param=param)
+        matcher = llguidance.LLMatcher(tokenizer, source, log_level=0)
+        if matcher.is_error():
+            raise RequestError(f"The schema cannot be used: {matcher.get_error()}", param=param)
+        return Grammar(source, matcher)
+
+
+_LOCATION = re.compile(r"^at \d+\(\d+\): ")
+"""The position in Tern's own wrapping grammar that llguidance prefixes its messages with."""
+
+
+def lark_json(schema: dict[str, Any]) -> str:
+    """A Lark grammar whose whole output is one JSON value valid against ``schema``."""
+    return f"start: %json {json_with_options(schema)}\n"
+
+
+def json_with_options(schema: dict[str, Any]) -> str:
+    """``schema`` as llguidance's ``%json`` takes it, with :data:`JSON_OPTIONS` (the caller's own
+    ``x-guidance`` settings win)."""
+    options = JSON_OPTIONS | schema.get("x-guidance", {})
+    return json.dumps(schema | {"x-guidance": options}, separators=(",", ":"))
+
+
+def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
+    """``logits`` with the tokens each matcher forbids set to -inf, on ``rows`` only (others untouched,
+    so unconstrained sequences in the batch sample exactly as they would alone)."""
+    vocab = logits.shape[1]
+    words = (vocab + 31) // 32
+    bits = np.empty((len(rows), words), dtype=np.int32)
+    for j, matcher in enumerate(matchers):
+        matcher.unsafe_compute_mask_ptr(bits[j].ctypes.data, bits[j].nbytes)
+    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :vocab].view(np.bool_)
+    index = torch.tensor(rows, device=logits.device)
+    masked = torch.where(torch.from_numpy(allowed).to(logits.device), logits[index], float("-inf"))
+    return logits.index_put((index,), masked)
+
+
+def grammar_complete(matcher: llguidance.LLMatcher, token_id: int) -> bool:
+    """Advance a constrained sequence's grammar by its new token; True once the grammar allows
+    nothing more (so the choice ends without spending a step on the end-of-sequence token)."""
+    if not matcher.consume_token(token_id):  # cannot happen with the mask applied; end rather than drift
+        log.warning("grammar refused token %d: %s", token_id, matcher.get_error())
+        return True
+    return matcher.is_stopped()
