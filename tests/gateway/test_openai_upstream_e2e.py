@@ -1,17 +1,15 @@
 """End to end: Tern's real engine, addressed only through its OpenAI ``/v1`` endpoints
 (``openai+http://`` in ``TERN_ENGINE_URLS``), behind a real gateway on real PostgreSQL and Redis.
 
-One engine (the default SmolLM2-135M GGUF, one thread) serves the whole module; answers are kept
-to a few tokens. Usage rows must equal what the engine itself reported, a client that goes away
-is billed once, and a killed engine leaves the rotation and comes back when it does.
+One engine (the default SmolLM2-135M GGUF, one thread; conftest's ``real_engines``) serves the
+module; answers are kept to a few tokens. Usage rows must equal what the engine itself reported, a
+client that goes away is billed once, and a killed engine leaves the rotation and comes back.
 """
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,10 +26,8 @@ DEADLINE_S = 60.0
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[RealEngine]:
-    running = RealEngine(Path(tempfile.mkdtemp(prefix="tern-openai-e2e-"))).start()
-    yield running
-    running.stop()
+def engine(real_engines: list[RealEngine]) -> RealEngine:
+    return real_engines[0]
 
 
 @pytest.fixture
@@ -132,7 +128,7 @@ def wait_until(predicate: Any, what: str) -> None:
 
 
 def test_a_dead_engine_leaves_the_rotation_and_comes_back(gateway: Gateway, engine: RealEngine) -> None:
-    """Last in the module: it kills the module's engine (and starts it again)."""
+    """Last in the module: it kills the engine (and starts it again, for whoever uses it next)."""
     assert gateway.http.get("/v1/models").json()["data"][0]["id"] == MODEL
     engine.kill()
     wait_until(lambda: httpx.get(f"{gateway.server.url}/readyz").status_code == 503, "the gateway saw it die")

@@ -5,10 +5,7 @@ is never routed on another tenant's prefix."""
 
 from __future__ import annotations
 
-import tempfile
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,16 +29,8 @@ def system_prompt(topic: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def engines() -> Iterator[list[RealEngine]]:
-    log_dir = Path(tempfile.mkdtemp(prefix="tern-routing-e2e-"))
-    started = [RealEngine(log_dir).launch() for _ in range(2)]
-    try:
-        for engine in started:
-            engine.wait_ready()
-        yield started
-    finally:
-        for engine in started:
-            engine.stop()
+def engines(real_engines: list[RealEngine]) -> list[RealEngine]:
+    return real_engines
 
 
 class RoutedGateway:
