@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
@@ -11,6 +12,28 @@ KEY_CACHE_MAX_TTL_S = 0.9
 """Revocation must reach every process within 1 s, so no cache entry may live longer than this."""
 
 PrefixCacheIsolation = Literal["shared", "tenant"]
+EngineKind = Literal["tern", "openai"]
+RoutingPolicy = Literal["cache_aware", "least_loaded", "round_robin"]
+
+_KIND_SCHEMES: dict[str, EngineKind] = {"tern+": "tern", "openai+": "openai"}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSpec:
+    """One ``TERN_ENGINE_URLS`` entry: how to talk to it (``kind``) and where (``url``, plain http(s))."""
+
+    kind: EngineKind
+    url: str
+
+
+def parse_engine_url(entry: str) -> EngineSpec:
+    """``openai+http://h:8000`` -> an OpenAI-compatible engine; ``http://h:8100`` or
+    ``tern+http://h:8100`` -> Tern's RPC. The scheme prefix only names the kind; it is never sent."""
+    entry = entry.strip().rstrip("/")
+    for prefix, kind in _KIND_SCHEMES.items():
+        if entry.startswith(prefix):
+            return EngineSpec(kind=kind, url=entry[len(prefix) :])
+    return EngineSpec(kind="tern", url=entry)
 
 
 class Settings(BaseSettings):
@@ -41,6 +64,27 @@ class Settings(BaseSettings):
     engine_health_interval_s: float = Field(2.0, gt=0)
     engine_connect_timeout_s: float = Field(5.0, gt=0)
     engine_request_timeout_s: float = Field(600.0, gt=0)
+    engine_api_key: SecretStr | None = Field(
+        None,
+        description="Bearer key the gateway sends to 'openai' engines (TERN_ENGINE_API_KEY); "
+        "never the client's key.",
+    )
+    engine_model_map: dict[str, str] = Field(
+        default_factory=dict,
+        description="Served model name -> the name an 'openai' engine knows it by, as JSON "
+        '(TERN_ENGINE_MODEL_MAP=\'{"llama-3-8b": "meta-llama/Meta-Llama-3-8B-Instruct"}\').',
+    )
+    engine_tokenizers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Served model name -> a tokenizer.json, as JSON (TERN_ENGINE_TOKENIZERS): counts the "
+        "tokens of an 'openai' engine that reports no usage. Without one the gateway estimates.",
+    )
+    routing_policy: RoutingPolicy = Field(
+        "cache_aware",
+        description="How a request picks among the engines serving its model (proxy/prefix_routing.py).",
+    )
+    routing_load_slack: int = Field(4, ge=0)
+    routing_min_match: float = Field(0.3, ge=0, le=1)
     prefix_cache_isolation: PrefixCacheIsolation = Field(
         "shared",
         description="'shared': tenants share the engines' prefix cache; 'tenant': each tenant has its own.",
@@ -62,7 +106,28 @@ class Settings(BaseSettings):
             return [part.strip().rstrip("/") for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("secret", "admin_key", mode="before")
+    @field_validator("engine_urls")
+    @classmethod
+    def _known_kinds(cls, urls: list[str]) -> list[str]:
+        for entry in urls:
+            if not parse_engine_url(entry).url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"TERN_ENGINE_URLS entry {entry!r} is not http(s)://, tern+http(s):// or openai+http(s)://"
+                )
+        return urls
+
+    @field_validator("engine_model_map")
+    @classmethod
+    def _one_to_one(cls, mapping: dict[str, str]) -> dict[str, str]:
+        """Answers name the served model by reversing the map, so two served names may not share one."""
+        if len(set(mapping.values())) != len(mapping):
+            raise ValueError("TERN_ENGINE_MODEL_MAP maps two served names to the same upstream name")
+        return mapping
+
+    def engine_specs(self) -> list[EngineSpec]:
+        return [parse_engine_url(entry) for entry in self.engine_urls]
+
+    @field_validator("secret", "admin_key", "engine_api_key", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         """Compose passes ``TERN_ADMIN_KEY=`` when the variable is unset."""

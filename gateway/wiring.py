@@ -32,8 +32,10 @@ from gateway.limits.config import LimitsSettings
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Scope
 from gateway.limits.service import RateLimiter
-from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.engine_pool import EnginePool, ModelNames
 from gateway.proxy.outcome import CompletionHook
+from gateway.proxy.prefix_routing import RoutingParams
+from gateway.proxy.token_count import TokenCounter
 from gateway.redis import create_redis
 from gateway.reports import service as reports_service
 from gateway.reports.pricing import PriceBook
@@ -125,10 +127,17 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         await usage_recorder.start()
         stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
         engine_pool = EnginePool(
-            settings.engine_urls,
+            settings.engine_specs(),
             health_interval_s=settings.engine_health_interval_s,
             connect_timeout_s=settings.engine_connect_timeout_s,
             request_timeout_s=settings.engine_request_timeout_s,
+            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
+            model_names=ModelNames(settings.engine_model_map),
+            token_counter=TokenCounter(settings.engine_tokenizers),
+            routing=settings.routing_policy,
+            routing_params=RoutingParams(
+                load_slack=settings.routing_load_slack, min_match=settings.routing_min_match
+            ),
         )
         await engine_pool.start()
         stack.push_async_callback(engine_pool.close)

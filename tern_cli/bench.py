@@ -17,6 +17,10 @@ BENCHMARKS = {
         "gateway.bench.upstream_client",
         "httpx against aiohttp for the gateway-to-engine hop",
     ),
+    "prefix-routing": (
+        "gateway.bench.prefix_routing",
+        "cache-aware routing against round-robin: 2 engines, shared-prefix traffic, through a gateway",
+    ),
     "engine": ("engine.bench.serving", "load test of a running engine: N concurrent streams"),
     "engine-hf": ("engine.bench.hf_baseline", "Hugging Face transformers generate, the engine's baseline"),
     "shared-prefix": (

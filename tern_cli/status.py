@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from gateway.config import parse_engine_url
 from tern_cli.local_stack import LocalStack
 
 KEY_FILES = {"admin key": "admin_key", "demo tenant's key": "demo_key", "TERN_SECRET": "secret"}
@@ -73,7 +74,7 @@ def collect(stack: LocalStack) -> dict[str, Any]:
             name: {"pid": pid, "alive": process_alive(pid)} for name, pid in info.get("pids", {}).items()
         },
         gateway=probe(f"{info['gateway_url']}/readyz"),
-        engines=[probe(f"{url}/health") for url in info.get("engine_urls", [])],
+        engines=[probe(f"{parse_engine_url(url).url}/health") for url in info.get("engine_urls", [])],
     )
     status["ready"] = status["gateway"]["status"] == 200
     return status

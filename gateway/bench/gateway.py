@@ -103,8 +103,8 @@ async def drive(
     }
 
 
-def wait_http(url: str, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 60
+def wait_http(url: str, process: subprocess.Popen[bytes], *, deadline_s: float = 60) -> None:
+    deadline = time.monotonic() + deadline_s
     while True:
         try:
             if httpx.get(url, timeout=1).status_code == 200:

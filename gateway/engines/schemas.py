@@ -12,6 +12,8 @@ class EngineOut(BaseModel):
     """
 
     url: str
+    kind: Literal["tern", "openai"] = "tern"
+    """How the gateway talks to it: Tern's RPC, or the OpenAI API (``openai+http://`` entries)."""
     healthy: bool
     error: str | None
     models: list[str]

@@ -54,6 +54,7 @@ def describe(upstream: Upstream, metrics: dict[str, float]) -> EngineOut:
     prompt, cached = metrics.get("prompt_tokens"), metrics.get("cached_prompt_tokens")
     return EngineOut(
         url=upstream.url,
+        kind=upstream.kind,
         healthy=upstream.healthy,
         error=upstream.last_error,
         models=[m.id for m in upstream.models] if upstream.healthy else [],

@@ -1,5 +1,11 @@
 """The engines behind the gateway: one pooled aiohttp session per upstream, health probing, picking.
 
+Each engine has a kind (``gateway.config.EngineSpec``): ``tern`` speaks protocol/rpc.py, ``openai``
+is any server with ``/v1/models`` and ``/v1/(chat/)completions`` (vLLM, SGLang, llama.cpp, Tern's
+own ``/v1``). An ``openai`` engine is probed on ``/health`` where it has one (a 404 means it has
+none) and on ``/v1/models``, which also names its models; ``TERN_ENGINE_MODEL_MAP`` renames them
+to the names clients use.
+
 aiohttp rather than httpx for this hop: at 64 concurrent requests httpx's pool
 caps throughput more than ten times lower (docs/benchmarks/gateway-upstream-client.md).
 
@@ -14,18 +20,24 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from gateway.config import EngineKind, EngineSpec, RoutingPolicy, parse_engine_url
 from gateway.metrics import engine_healthy_by
+from gateway.proxy.prefix_routing import PrefixTable, PromptKeys, RoutingParams
+from gateway.proxy.token_count import TokenCounter
 from protocol.rpc import HEALTH_PATH, MODELS_PATH, HealthResponse, ModelInfo, ModelList
 
 log = logging.getLogger(__name__)
 
 READ_BUFFER_BYTES = 1 << 20
 """Largest NDJSON frame line the relay accepts (frames with logprobs can be long)."""
+
+OPENAI_HEALTH_PATH = "/health"
+OPENAI_MODELS_PATH = "/v1/models"
 
 
 class NoHealthyEngine(Exception):
@@ -42,6 +54,7 @@ class Upstream:
 
     url: str
     session: aiohttp.ClientSession
+    kind: EngineKind = "tern"
     healthy: bool = False
     models: tuple[ModelInfo, ...] = ()
     model_ids: frozenset[str] = frozenset()
@@ -52,19 +65,48 @@ class Upstream:
         return model in self.model_ids
 
 
+class ModelNames:
+    """Served model names <-> the names ``openai`` engines know them by (``TERN_ENGINE_MODEL_MAP``)."""
+
+    def __init__(self, served_to_upstream: Mapping[str, str] | None = None) -> None:
+        self._to_upstream = dict(served_to_upstream or {})
+        self._to_served = {upstream: served for served, upstream in self._to_upstream.items()}
+
+    def upstream(self, served: str) -> str:
+        return self._to_upstream.get(served, served)
+
+    def served(self, upstream: str) -> str:
+        return self._to_served.get(upstream, upstream)
+
+    @property
+    def renames(self) -> bool:
+        return bool(self._to_upstream)
+
+
 class EnginePool:
     """Picks the least-busy healthy engine for a model."""
 
     def __init__(
         self,
-        urls: Sequence[str],
+        engines: Sequence[str | EngineSpec],
         *,
         health_interval_s: float = 2.0,
         connect_timeout_s: float = 5.0,
         request_timeout_s: float = 600.0,
         max_connections_per_engine: int = 1024,
+        api_key: str | None = None,
+        model_names: ModelNames | None = None,
+        token_counter: TokenCounter | None = None,
+        routing: RoutingPolicy = "cache_aware",
+        routing_params: RoutingParams | None = None,
     ) -> None:
-        self._urls = [u.rstrip("/") for u in urls]
+        self._specs = [parse_engine_url(e) if isinstance(e, str) else e for e in engines]
+        self._openai_headers = {"authorization": f"Bearer {api_key}"} if api_key else None
+        self.model_names = model_names or ModelNames()
+        self.token_counter = token_counter or TokenCounter()
+        self.routing = routing
+        self.prefixes = PrefixTable(routing_params)
+        self._has_openai = any(spec.kind == "openai" for spec in self._specs)
         self._health_interval_s = health_interval_s
         self._probe_timeout = aiohttp.ClientTimeout(total=min(health_interval_s, connect_timeout_s))
         self._request_timeout = aiohttp.ClientTimeout(
@@ -79,15 +121,17 @@ class EnginePool:
         """Open the sessions, probe every engine once, then keep probing in the background."""
         self.upstreams = [
             Upstream(
-                url=url,
+                url=spec.url,
+                kind=spec.kind,
                 session=aiohttp.ClientSession(
-                    base_url=url,
+                    base_url=spec.url,
                     connector=aiohttp.TCPConnector(limit=self._max_connections),
                     timeout=self._request_timeout,
                     read_bufsize=READ_BUFFER_BYTES,
+                    headers=self._openai_headers if spec.kind == "openai" else None,
                 ),
             )
-            for url in self._urls
+            for spec in self._specs
         ]
         await self.probe_all()
         self._prober = asyncio.create_task(self._probe_forever(), name="engine-health-prober")
@@ -111,15 +155,10 @@ class EnginePool:
 
     async def _probe(self, upstream: Upstream) -> None:
         try:
-            async with upstream.session.get(HEALTH_PATH, timeout=self._probe_timeout) as resp:
-                if resp.status != 200:
-                    raise RuntimeError(f"health answered HTTP {resp.status}")
-                health = HealthResponse.model_validate_json(await resp.read())
-            if health.status != "ok":
-                raise RuntimeError(f"engine is {health.status}")
-            async with upstream.session.get(MODELS_PATH, timeout=self._probe_timeout) as resp:
-                resp.raise_for_status()
-                models = ModelList.model_validate_json(await resp.read()).data
+            if upstream.kind == "openai":
+                models = await self._probe_openai(upstream)
+            else:
+                models = await self._probe_tern(upstream)
         except Exception as exc:
             self.mark_unhealthy(upstream, f"{type(exc).__name__}: {exc}")
             return
@@ -131,12 +170,37 @@ class EnginePool:
         upstream.last_error = None
         engine_healthy_by(upstream.url).set(1)
 
+    async def _probe_tern(self, upstream: Upstream) -> list[ModelInfo]:
+        async with upstream.session.get(HEALTH_PATH, timeout=self._probe_timeout) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"health answered HTTP {resp.status}")
+            health = HealthResponse.model_validate_json(await resp.read())
+        if health.status != "ok":
+            raise RuntimeError(f"engine is {health.status}")
+        async with upstream.session.get(MODELS_PATH, timeout=self._probe_timeout) as resp:
+            resp.raise_for_status()
+            return ModelList.model_validate_json(await resp.read()).data
+
+    async def _probe_openai(self, upstream: Upstream) -> list[ModelInfo]:
+        """``/health`` where the server has one (404: it has none), then ``/v1/models``, renamed."""
+        async with upstream.session.get(OPENAI_HEALTH_PATH, timeout=self._probe_timeout) as resp:
+            await resp.read()
+            if resp.status not in (200, 404):
+                raise RuntimeError(f"health answered HTTP {resp.status}")
+        async with upstream.session.get(OPENAI_MODELS_PATH, timeout=self._probe_timeout) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"/v1/models answered HTTP {resp.status}")
+            listed = ModelList.model_validate_json(await resp.read()).data
+        names = self.model_names
+        return [m.model_copy(update={"id": names.served(m.id)}) for m in listed]
+
     def mark_unhealthy(self, upstream: Upstream, reason: str) -> None:
         """Take an engine out of the rotation until a probe succeeds again."""
         if upstream.healthy:
             log.warning("engine %s left the rotation: %s", upstream.url, reason)
         upstream.healthy = False
         upstream.last_error = reason
+        self.prefixes.forget(upstream)
         engine_healthy_by(upstream.url).set(0)
 
     async def any_healthy(self) -> bool:
@@ -154,16 +218,45 @@ class EnginePool:
                     seen.setdefault(model.id, model)
         return list(seen.values())
 
-    def pick(self, model: str, *, exclude: Sequence[Upstream] = ()) -> Upstream:
-        """The healthy engine serving ``model`` with the fewest requests in flight (ties rotate)."""
+    def kind_for(self, model: str) -> EngineKind:
+        """How to talk to the engines serving ``model``: ``openai`` if a healthy one of that kind
+        serves it, else ``tern`` (whose relay also answers "no engine" and "no such model")."""
+        if self._has_openai:
+            for upstream in self.upstreams:
+                if upstream.kind == "openai" and upstream.healthy and upstream.serves(model):
+                    return "openai"
+        return "tern"
+
+    def pick(
+        self,
+        model: str,
+        *,
+        exclude: Sequence[Upstream] = (),
+        kind: EngineKind | None = None,
+        prompt: PromptKeys | None = None,
+    ) -> Upstream:
+        """The healthy engine serving ``model`` that the routing policy picks.
+
+        ``cache_aware`` (the default): the engine likely to hold ``prompt``'s prefix, within the load
+        slack (gateway/proxy/prefix_routing.py). ``least_loaded``: the fewest requests in flight,
+        ties rotating. ``round_robin``: each in turn. ``kind``: only engines of that kind (a relay
+        speaks one protocol, its retries too)."""
         healthy = [u for u in self.upstreams if u.healthy and u not in exclude]
         if not healthy:
             raise NoHealthyEngine
-        candidates = [u for u in healthy if u.serves(model)]
+        candidates = [u for u in healthy if u.serves(model) and (kind is None or u.kind == kind)]
         if not candidates:
             raise ModelNotServed(model)
         if len(candidates) == 1:
             return candidates[0]
+        if self.routing == "cache_aware":
+            keys = prompt.keys if prompt is not None else []
+            chosen = self.prefixes.choose(keys, candidates, [u.inflight for u in candidates])
+            if keys:
+                self.prefixes.insert(keys, chosen)
+            return chosen
         start = next(self._turn) % len(candidates)
+        if self.routing == "round_robin":
+            return candidates[start]
         rotated = candidates[start:] + candidates[:start]
         return min(rotated, key=lambda u: u.inflight)

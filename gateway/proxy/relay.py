@@ -24,9 +24,11 @@ import orjson
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from gateway.config import EngineKind
 from gateway.errors import OpenAIError
 from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
 from gateway.proxy.outcome import CompletionHook, RelayOutcome
+from gateway.proxy.prefix_routing import PromptKeys
 from protocol.openai.errors import error_body
 from protocol.openai.requests import OpenAIRequest
 from protocol.openai.responses import ResponseAccumulator, StreamFormatter, error_frame_body
@@ -46,31 +48,36 @@ log = logging.getLogger(__name__)
 CLIENT_CLOSED_REQUEST = 499
 """Status recorded (never sent) when the client went away before the answer was complete."""
 
+_JSON_REQUEST_HEADERS = {"content-type": "application/json"}
+
 ABORT_TIMEOUT_S = 2.0
 DRAIN_TIMEOUT_S = 5.0
 """How long the cleanup waits for the engine's final frame after an abort, for exact usage."""
 
 
-class Relay:
-    """The upstream side of one request: open, read frames, finish exactly once."""
+class BaseRelay:
+    """The upstream side of one request, whatever the engine's kind: pick an engine, open the request
+    (another engine when a connect fails), refuse in OpenAI's shape, and finish exactly once."""
 
     def __init__(
         self,
         *,
         pool: EnginePool,
-        gen_request: GenerateRequest,
+        request_id: str,
         openai_request: OpenAIRequest,
         endpoint: str,
         tenant_id: str | None,
         key_id: str | None,
         hooks: Sequence[CompletionHook],
+        cache_namespace: str | None = None,
     ) -> None:
         self.pool = pool
-        self.gen_request = gen_request
+        self.request_id = request_id
+        self.prompt = PromptKeys(openai_request, namespace=cache_namespace)
         self.openai_request = openai_request
         self.hooks = list(hooks)
         self.outcome = RelayOutcome(
-            request_id=gen_request.request_id,
+            request_id=request_id,
             endpoint=endpoint,
             model=openai_request.model,
             tenant_id=tenant_id,
@@ -82,9 +89,9 @@ class Relay:
         self._upstream: Upstream | None = None
         self._response: aiohttp.ClientResponse | None = None
         self._terminal = False
-        """No more frames will be read (the engine's last frame arrived, or the stream broke)."""
+        """No more of the answer will be read (its last part arrived, or the stream broke)."""
         self._engine_done = False
-        """The engine itself said it is finished (final or error frame, or a refusal)."""
+        """The engine itself said it is finished (a last frame or event, or a refusal)."""
         self._finished = False
 
     # -- opening
@@ -98,16 +105,21 @@ class Relay:
                 await self.finish()
             raise
 
+    kind: EngineKind = "tern"
+    """The engines this relay speaks to."""
+
+    def _request(self, upstream: Upstream) -> tuple[str, bytes]:
+        """The path and body to POST to ``upstream``."""
+        raise NotImplementedError
+
     async def _connect(self) -> None:
         tried: list[Upstream] = []
-        body = self.gen_request.model_dump_json(exclude_none=True).encode()
         while True:
             upstream = self._pick(tried)
+            path, body = self._request(upstream)
             upstream.inflight += 1
             try:
-                response = await upstream.session.post(
-                    GENERATE_PATH, data=body, headers={"content-type": "application/json"}
-                )
+                response = await upstream.session.post(path, data=body, headers=_JSON_REQUEST_HEADERS)
             except BaseException as exc:
                 upstream.inflight -= 1
                 if not isinstance(exc, aiohttp.ClientConnectionError):
@@ -128,7 +140,7 @@ class Relay:
     def _pick(self, tried: list[Upstream]) -> Upstream:
         model = self.outcome.model
         try:
-            return self.pool.pick(model, exclude=tried)
+            return self.pool.pick(model, exclude=tried, kind=self.kind, prompt=self.prompt)
         except NoHealthyEngine:
             self._fail(503, "engine_unavailable")
             raise OpenAIError(
@@ -160,6 +172,7 @@ class Relay:
             )
         except (ValueError, KeyError, TypeError):
             message, param, code, err_type = f"The engine answered HTTP {response.status}.", None, None, None
+        code = None if code is None else str(code)  # some servers send a number here
         self._fail(response.status, code or "engine_error")
         raise OpenAIError(response.status, message, param=param, code=code, type=err_type)
 
@@ -168,6 +181,82 @@ class Relay:
         self.outcome.error_code = code
         self.outcome.finish_reason = "error"
         self.outcome.usage_exact = True  # refused before any work: nothing to bill
+
+    # -- answering (RelayResponse calls one of these)
+
+    async def send_stream(self, send: Send) -> None:
+        """Write the SSE body (after RelayResponse sent the start), ending the response."""
+        raise NotImplementedError
+
+    async def json_answer(self) -> tuple[int, bytes]:
+        """The whole answer, read to its end: status and JSON body."""
+        raise NotImplementedError
+
+    # -- finishing
+
+    async def _stop_upstream(self) -> None:
+        """The engine has not said it is finished: stop its work and learn what it produced."""
+
+    def _settle_usage(self) -> None:
+        """Last chance to fill in usage the engine did not report (before the hooks read it)."""
+
+    async def finish(self, *, client_disconnected: bool = False) -> None:
+        """Run once, whatever happened. Call it shielded from cancellation."""
+        if self._finished:
+            return
+        self._finished = True
+        out = self.outcome
+        try:
+            if client_disconnected and not self._terminal:
+                out.client_disconnected = True
+                out.status = CLIENT_CLOSED_REQUEST
+            if self._response is not None and not self._engine_done:
+                await self._stop_upstream()
+        except Exception:
+            log.exception("cleanup of request %s failed", out.request_id)
+        finally:
+            if self._response is not None:
+                self._response.close()
+                self._settle_usage()
+            if self._upstream is not None:
+                self._upstream.inflight -= 1
+            out.duration_s = time.perf_counter() - self._t0
+            for hook in self.hooks:
+                try:
+                    await hook(out)
+                except Exception:
+                    log.exception("completion hook %r failed for request %s", hook, out.request_id)
+
+
+class Relay(BaseRelay):
+    """A Tern engine's generation over the RPC: NDJSON frames, formatted here as OpenAI's answers."""
+
+    def __init__(
+        self,
+        *,
+        pool: EnginePool,
+        gen_request: GenerateRequest,
+        openai_request: OpenAIRequest,
+        endpoint: str,
+        tenant_id: str | None,
+        key_id: str | None,
+        hooks: Sequence[CompletionHook],
+    ) -> None:
+        super().__init__(
+            pool=pool,
+            request_id=gen_request.request_id,
+            openai_request=openai_request,
+            endpoint=endpoint,
+            tenant_id=tenant_id,
+            key_id=key_id,
+            hooks=hooks,
+            cache_namespace=gen_request.cache_namespace,
+        )
+        self.gen_request = gen_request
+        self._body = gen_request.model_dump_json(exclude_none=True).encode()
+
+    def _request(self, upstream: Upstream) -> tuple[str, bytes]:
+        return GENERATE_PATH, self._body
 
     # -- reading
 
@@ -227,35 +316,34 @@ class Relay:
             out.error_code = frame.code
             out.status = frame.status
 
+    # -- answering
+
+    async def send_stream(self, send: Send) -> None:
+        formatter = StreamFormatter(self.openai_request, request_id=self.request_id)
+        opening = formatter.start()
+        if opening:
+            await send({"type": "http.response.body", "body": opening, "more_body": True})
+        while (frame := await self.next_frame()) is not None:
+            chunk = formatter.frame(frame)
+            if chunk:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def json_answer(self) -> tuple[int, bytes]:
+        accumulator = ResponseAccumulator(self.openai_request, request_id=self.request_id)
+        status, body = 502, error_body("The engine sent no answer.", status=502)
+        while (frame := await self.next_frame()) is not None:
+            if isinstance(frame, DeltaFrame):
+                accumulator.add(frame)
+            elif isinstance(frame, FinalFrame):
+                status, body = 200, accumulator.response(frame)
+            else:
+                status, body = frame.status, error_frame_body(frame)
+        return status, orjson.dumps(body)
+
     # -- finishing
 
-    async def finish(self, *, client_disconnected: bool = False) -> None:
-        """Run once, whatever happened. Call it shielded from cancellation."""
-        if self._finished:
-            return
-        self._finished = True
-        out = self.outcome
-        try:
-            if client_disconnected and not self._terminal:
-                out.client_disconnected = True
-                out.status = CLIENT_CLOSED_REQUEST
-            if self._response is not None and not self._engine_done:
-                await self._abort_and_drain()
-        except Exception:
-            log.exception("cleanup of request %s failed", out.request_id)
-        finally:
-            if self._response is not None:
-                self._response.close()
-            if self._upstream is not None:
-                self._upstream.inflight -= 1
-            out.duration_s = time.perf_counter() - self._t0
-            for hook in self.hooks:
-                try:
-                    await hook(out)
-                except Exception:
-                    log.exception("completion hook %r failed for request %s", hook, out.request_id)
-
-    async def _abort_and_drain(self) -> None:
+    async def _stop_upstream(self) -> None:
         """Stop the engine's work, then read on to its final frame so usage counts what it produced."""
         assert self._upstream is not None
         status = self.outcome.status
@@ -285,10 +373,9 @@ _STREAM_HEADERS = [
 class RelayResponse(Response):
     """Writes a relay to the client (SSE or JSON) and runs ``Relay.finish`` however it ends."""
 
-    def __init__(self, relay: Relay, *, request_id: str, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, relay: BaseRelay, *, headers: Mapping[str, str] | None = None) -> None:
         self.relay = relay
         self.stream = relay.openai_request.stream
-        self.request_id = request_id
         self.status_code = 200
         self.background = None
         extra = [
@@ -328,28 +415,11 @@ class RelayResponse(Response):
                 await self.relay.finish(client_disconnected=disconnected)
 
     async def _send_stream(self, send: Send) -> None:
-        formatter = StreamFormatter(self.relay.openai_request, request_id=self.request_id)
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        opening = formatter.start()
-        if opening:
-            await send({"type": "http.response.body", "body": opening, "more_body": True})
-        while (frame := await self.relay.next_frame()) is not None:
-            chunk = formatter.frame(frame)
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        await self.relay.send_stream(send)
 
     async def _send_json(self, send: Send) -> None:
-        accumulator = ResponseAccumulator(self.relay.openai_request, request_id=self.request_id)
-        status, body = 502, error_body("The engine sent no answer.", status=502)
-        while (frame := await self.relay.next_frame()) is not None:
-            if isinstance(frame, DeltaFrame):
-                accumulator.add(frame)
-            elif isinstance(frame, FinalFrame):
-                status, body = 200, accumulator.response(frame)
-            else:
-                status, body = frame.status, error_frame_body(frame)
-        payload = orjson.dumps(body)
+        status, payload = await self.relay.json_answer()
         headers = [*self.raw_headers, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})

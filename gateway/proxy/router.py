@@ -102,7 +102,8 @@ class GenerateEndpoint:
     async def generate(self, scope: Scope, receive: Receive) -> Response:
         """Authenticate, validate, check the key's model scope, admit under the limits, then dispatch."""
         key = await authenticate_kind(scope, "inference")
-        openai_request = read_request(self.request_cls, await read_body(receive))
+        raw_body = await read_body(receive)
+        openai_request = read_request(self.request_cls, raw_body)
         # Before the limits, so a refused model costs no quota.
         service.ensure_model_allowed(key=key, model=openai_request.model)
         state = proxy_state(scope)
@@ -115,6 +116,7 @@ class GenerateEndpoint:
             return await service.dispatch(
                 pool=state.engine_pool,
                 openai_request=openai_request,
+                raw_body=raw_body,
                 endpoint=self.endpoint,
                 key=key,
                 request_id=request_id,

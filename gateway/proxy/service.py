@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
+import orjson
 
 from gateway.auth.identity import AuthenticatedKey
 from gateway.config import PrefixCacheIsolation
 from gateway.errors import OpenAIError
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
+from gateway.proxy.openai_relay import OpenAIRelay
 from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome
-from gateway.proxy.relay import Relay, RelayResponse
+from gateway.proxy.relay import BaseRelay, Relay, RelayResponse
 from protocol.openai.requests import OpenAIRequest
 from protocol.rpc import ModelList
 
@@ -52,6 +54,7 @@ async def dispatch(
     *,
     pool: EnginePool,
     openai_request: OpenAIRequest,
+    raw_body: bytes,
     endpoint: str,
     key: AuthenticatedKey,
     request_id: str,
@@ -63,24 +66,55 @@ async def dispatch(
     """Start the generation on an engine and return the response that relays it, with ``headers``.
 
     The caller has checked the key's model scope (:func:`ensure_model_allowed`). Refusals
-    (no engine, engine errors before the stream) raise OpenAIError after the hooks ran.
+    (no engine, engine errors before the stream) raise OpenAIError after the hooks ran. The
+    engines serving the model decide the relay: Tern's RPC, or the client's own request
+    (``raw_body``, already validated) forwarded to an OpenAI-compatible server.
     """
     tenant_id = str(key.tenant_id) if key.tenant_id else None
-    gen_request = openai_request.to_generate_request(request_id=request_id, cache_namespace=cache_namespace)
-    if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
-        sampling = gen_request.sampling
-        sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
-    relay = Relay(
-        pool=pool,
-        gen_request=gen_request,
-        openai_request=openai_request,
-        endpoint=endpoint,
-        tenant_id=tenant_id,
-        key_id=str(key.key_id),
-        hooks=[observe_upstream_metrics, *hooks],
-    )
+    all_hooks = [observe_upstream_metrics, *hooks]
+    relay: BaseRelay
+    if pool.kind_for(openai_request.model) == "openai":
+        relay = OpenAIRelay(
+            pool=pool,
+            body=capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap),
+            request_id=request_id,
+            openai_request=openai_request,
+            endpoint=endpoint,
+            tenant_id=tenant_id,
+            key_id=str(key.key_id),
+            hooks=all_hooks,
+            token_counter=pool.token_counter,
+            cache_namespace=cache_namespace,
+        )
+    else:
+        gen_request = openai_request.to_generate_request(
+            request_id=request_id, cache_namespace=cache_namespace
+        )
+        if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
+            sampling = gen_request.sampling
+            sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
+        relay = Relay(
+            pool=pool,
+            gen_request=gen_request,
+            openai_request=openai_request,
+            endpoint=endpoint,
+            tenant_id=tenant_id,
+            key_id=str(key.key_id),
+            hooks=all_hooks,
+        )
     await relay.open()
-    return RelayResponse(relay, request_id=request_id, headers=headers)
+    return RelayResponse(relay, headers=headers)
+
+
+def capped_body(
+    raw_body: bytes, *, openai_request: OpenAIRequest, max_tokens_cap: int | None
+) -> dict[str, Any]:
+    """The client's request as JSON, its output length capped as the limits admitted it."""
+    body: dict[str, Any] = orjson.loads(raw_body)
+    if max_tokens_cap is not None:
+        field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
+        body[field] = min(body.get(field) or max_tokens_cap, max_tokens_cap)
+    return body
 
 
 async def observe_upstream_metrics(outcome: RelayOutcome) -> None:

@@ -32,6 +32,7 @@ def record_from_outcome(outcome: RelayOutcome) -> UsageRecord | None:
         duration_ms=outcome.duration_s * 1000,
         started_at=started,
         finished_at=started + timedelta(seconds=outcome.duration_s),
+        usage_estimated=not outcome.usage_exact,
     )
 
 

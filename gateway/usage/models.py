@@ -7,6 +7,7 @@ from datetime import date, datetime
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     Date,
     DateTime,
     Double,
@@ -15,6 +16,7 @@ from sqlalchemy import (
     PrimaryKeyConstraint,
     SmallInteger,
     Text,
+    false,
     func,
 )
 from sqlalchemy.dialects.postgresql import UUID
@@ -53,6 +55,9 @@ class UsageRow(Base):
     finish_reason: Mapped[str | None] = mapped_column(Text)
     ttft_ms: Mapped[float | None] = mapped_column(Double)
     duration_ms: Mapped[float] = mapped_column(Double, nullable=False)
+    usage_estimated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    """The engine reported no usage (an ``openai`` engine that does not, a broken stream): the
+    gateway counted the tokens itself (gateway/proxy/token_count.py)."""
     recorded_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )

@@ -28,6 +28,9 @@ class UsageRecord:
     duration_ms: float
     started_at: datetime
     finished_at: datetime
+    usage_estimated: bool = False
+    """The engine reported no usage: the gateway counted it (last, with a default, so spool files
+    written before the field existed still read)."""
 
     @property
     def total_tokens(self) -> int:

@@ -9,6 +9,8 @@
 - ``admin_headers``: headers carrying the bootstrap platform admin key.
 - ``create_tenant_and_key(**key_fields)``: a new tenant and a key for it, through the admin API.
 - ``gateway_processes(count, workers=1, **env)``: real ``tern gateway`` subprocesses; returns their base URLs.
+- ``real_engines``: two real ``tern engine`` processes (default model, one thread each), started once
+  per session on first use, for the end-to-end tests (slow).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import itertools
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,6 +31,7 @@ import pytest
 from credentials import TEST_ADMIN_KEY, TEST_SECRET, CreateTenantAndKey
 from fake_engine import FakeEngine
 from fastapi import FastAPI
+from real_engine import RealEngine
 
 from gateway.app import create_app
 from gateway.config import Settings
@@ -180,3 +185,18 @@ def gateway_processes(gateway_settings: Settings) -> Iterator[Callable[..., list
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="session")
+def real_engines() -> Iterator[list[RealEngine]]:
+    """Started together (the load is the slow part), shared by every end-to-end module that needs
+    real engines; a test that kills one starts it again."""
+    log_dir = Path(tempfile.mkdtemp(prefix="tern-real-engines-"))
+    started = [RealEngine(log_dir).launch() for _ in range(2)]
+    try:
+        for engine in started:
+            engine.wait_ready()
+        yield started
+    finally:
+        for engine in started:
+            engine.stop()

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from live_server import ServerThread, free_port
+from live_server import ServedApp, free_port
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -51,7 +51,7 @@ def prompt_token_count(req: GenerateRequest) -> int:
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(ServedApp):
     model: str = "fake-model"
     mode: Mode = "ok"
     healthy: bool = True
@@ -71,7 +71,6 @@ class FakeEngine:
 
     def __post_init__(self) -> None:
         self._abort_flags: dict[str, asyncio.Event] = {}
-        self._server: ServerThread | None = None
         self.app = Starlette(
             routes=[
                 Route(GENERATE_PATH, self._generate, methods=["POST"]),
@@ -81,22 +80,6 @@ class FakeEngine:
                 Route("/metrics", self._metrics, methods=["GET"]),
             ]
         )
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    # -- lifecycle
-
-    def start(self) -> FakeEngine:
-        self._server = ServerThread(self.app, port=self.port, lifespan="off").start()
-        return self
-
-    def stop(self) -> None:
-        if self.gate is not None:
-            self.gate.set()
-        if self._server is not None:
-            self._server.stop()
 
     # -- handlers
 

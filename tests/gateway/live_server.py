@@ -11,14 +11,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import httpx
 import uvicorn
 
 from tern_stack.services import free_port
 
-__all__ = ["ServerThread", "create_inference_key", "free_port"]
+__all__ = ["ServedApp", "ServerThread", "create_inference_key", "free_port"]
 
 T = TypeVar("T")
 
@@ -57,6 +57,30 @@ class ServerThread:
     def stop(self) -> None:
         self.server.should_exit = True
         self._thread.join(timeout=15)
+
+
+class ServedApp:
+    """A stand-in server's lifecycle: serve ``self.app`` on ``self.port`` in a thread; stopping opens
+    ``self.gate`` (if any) first, so no handler waits on it forever."""
+
+    app: Any
+    port: int
+    gate: threading.Event | None
+    _server: ServerThread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Self:
+        self._server = ServerThread(self.app, port=self.port, lifespan="off").start()
+        return self
+
+    def stop(self) -> None:
+        if self.gate is not None:
+            self.gate.set()
+        if self._server is not None:
+            self._server.stop()
 
 
 def create_inference_key(base_url: str, admin_key: str, **key_fields: Any) -> str:

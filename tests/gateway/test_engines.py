@@ -42,7 +42,7 @@ async def test_engines_show_health_model_queues_and_caches(
     response = await client.get("/admin/engines", headers=admin_headers)
     assert response.status_code == 200, response.text
     [engine] = response.json()["data"]
-    assert engine["url"] == fake_engine.url
+    assert engine["url"] == fake_engine.url and engine["kind"] == "tern"
     assert engine["healthy"] is True
     assert engine["models"] == [fake_engine.model]
     assert (engine["running"], engine["waiting"]) == (3, 2)
