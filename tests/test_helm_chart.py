@@ -345,3 +345,11 @@ def test_service_monitors_scrape_metrics_from_named_ports(rendered: dict[str, li
         assert endpoint["path"] == "/metrics"
         assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert not find(rendered["trial"], "ServiceMonitor"), "off unless switched on: the CRD may be absent"
+
+
+def test_values_schema_rejects_typos_and_bad_engine_urls() -> None:
+    """values.schema.json: a misspelt switch fails the install instead of being silently ignored."""
+    with pytest.raises(helm.HelmError, match="enable"):
+        render(_merge(example_values("trial"), {"engine": {"gpu": {"enable": True}}}))
+    with pytest.raises(helm.HelmError, match="engineUrls"):
+        render(_merge(example_values("vllm"), {"gateway": {"engineUrls": ["vllm.vllm.svc:8000"]}}))
