@@ -278,6 +278,7 @@ STRUCTURED_CASES: list[tuple[type[BaseModel], str]] = [
     (Rating, "Rate the restaurant review 'Great food, slow service' from 1 to 5 stars."),
     (Contact, "Extract the contact: 'Call John Smith at 555-0100.'"),
 ]
+STRUCTURED_IDS = [case[0].__name__ for case in STRUCTURED_CASES]
 
 
 class GetWeather(BaseModel):
@@ -307,9 +308,7 @@ def structured_client(stack: RunningStack, structured_key: dict[str, Any]) -> op
     return client_for(stack, structured_key)
 
 
-@pytest.mark.parametrize(
-    ("schema", "prompt"), STRUCTURED_CASES, ids=[c[0].__name__ for c in STRUCTURED_CASES]
-)
+@pytest.mark.parametrize(("schema", "prompt"), STRUCTURED_CASES, ids=STRUCTURED_IDS)
 def test_parse_returns_a_parsed_object(
     structured_client: openai.OpenAI, model: str, schema: type[BaseModel], prompt: str
 ) -> None:
@@ -322,7 +321,7 @@ def test_parse_returns_a_parsed_object(
     structured_usage.append(reply.usage)
 
 
-@pytest.mark.parametrize(("schema", "prompt"), STRUCTURED_CASES, ids=[c[0].__name__ for c in STRUCTURED_CASES])
+@pytest.mark.parametrize(("schema", "prompt"), STRUCTURED_CASES, ids=STRUCTURED_IDS)
 def test_streamed_parse_returns_a_parsed_object(
     structured_client: openai.OpenAI, model: str, schema: type[BaseModel], prompt: str
 ) -> None:
