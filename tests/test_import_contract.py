@@ -244,3 +244,9 @@ def test_no_import_cycles_between_gateway_subpackages() -> None:
     assert not new, f"new import cycles in gateway/: {sorted(new)}; edges: {edges}"
     gone = KNOWN_CYCLES - cycles
     assert not gone, f"these cycles are gone: remove them from KNOWN_CYCLES: {sorted(gone)}"
+
+
+def test_engine_core_speaks_its_own_types_not_the_wire() -> None:
+    """docs/architecture.md: the core takes and returns its own dataclasses; engine/serving converts."""
+    assert _python_files("engine/core"), "engine/core has no source files"
+    assert _violations_by_file("engine/core", ("protocol",)) == {}

@@ -43,7 +43,7 @@ from engine.loader.memory import release_freed_memory
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
 from engine.structured.grammar import GrammarCompiler, grammar_complete
-from engine.structured.tools import ToolCallParser
+from engine.structured.tool_calls import ToolCallParser
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from engine.structured.grammar import Grammar
-    from engine.structured.tools import ToolCallParser
+    from engine.structured.tool_calls import ToolCallParser
 
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 

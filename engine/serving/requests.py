@@ -7,18 +7,14 @@ long prompts do not hold up the forward pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
 
 from engine.core.outputs import EngineRequest, ErrorKind, RequestError, SamplingParams
 from engine.structured.grammar import Grammar, GrammarCompiler
-from engine.structured.tools import (
-    ToolCallParser,
-    forced_call_grammar,
-    prompt_messages,
-    template_supports_tools,
-    tool_call_format,
-)
+from engine.structured.tool_calls import ToolCallParser, template_supports_tools, tool_call_format
+from engine.structured.tools import forced_call_grammar, prompt_messages
 from engine.tokenizer import Tokenizer
 from protocol.rpc import GenerateRequest, ToolSpec
 from protocol.rpc import SamplingParams as WireSamplingParams
@@ -80,6 +76,13 @@ def grammar(request: GenerateRequest, grammars: GrammarCompiler, chat_template: 
     return None
 
 
+def tool_parser(tools: list[ToolSpec], chat_template: str | None) -> Callable[[], ToolCallParser] | None:
+    """What makes each choice's tool-call parser (None without tools)."""
+    if not tools:
+        return None
+    return partial(ToolCallParser, [t.function.name for t in tools], tool_call_format(chat_template))
+
+
 def engine_request(
     request: GenerateRequest, tokenizer: Tokenizer, *, model_name: str, grammars: GrammarCompiler
 ) -> EngineRequest:
@@ -93,7 +96,9 @@ def engine_request(
         cache_namespace=request.cache_namespace,
         deadline=request.deadline,
         grammar=grammar(request, grammars, tokenizer.chat_template),
-        tool_parser=partial(ToolCallParser, tools, tool_call_format(tokenizer.chat_template))
+        tool_parser=partial(
+            ToolCallParser, [t.function.name for t in tools], tool_call_format(tokenizer.chat_template)
+        )
         if tools
         else None,
     )

@@ -17,13 +17,8 @@ from engine.bench.structured import bench_mixed_batch
 from engine.core.outputs import RequestError
 from engine.serving.frames import generate_frames
 from engine.serving.requests import engine_request
-from engine.structured.tools import (
-    ToolCallFormat,
-    ToolCallParser,
-    forced_call_grammar,
-    prompt_messages,
-    tool_call_format,
-)
+from engine.structured.tool_calls import ToolCallFormat, ToolCallParser, tool_call_format
+from engine.structured.tools import forced_call_grammar, prompt_messages
 from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, ToolSpec
 from tests.engine.tiny_engine import CHATML_TEMPLATE, EngineFactory, make_byte_tokenizer, make_tiny_engine
 
@@ -68,6 +63,7 @@ WEATHER = function_tool(
 )
 TIME = function_tool("get_time", closed_object(utc={"type": "boolean"}))
 TOOLS = [WEATHER, TIME]
+NAMES = ["get_weather", "get_time"]
 MESSAGES = [{"role": "user", "content": "Answer in JSON."}]
 # A template with tool support that names the tools only, so prompts fit the tiny model's context.
 TOOLS_TEMPLATE = (
@@ -295,10 +291,9 @@ def feed_all(parser: ToolCallParser, pieces: list[str]) -> tuple[str, list[Any]]
 
 
 def test_hermes_calls_are_found_across_chunk_boundaries() -> None:
-    tools = [ToolSpec.model_validate(t) for t in TOOLS]
     text = 'Let me check.<tool_call>\n{"name": "get_time", "arguments": {"utc": true}}\n</tool_call>'
     pieces = [text[i : i + 3] for i in range(0, len(text), 3)]
-    parser = ToolCallParser(tools, ToolCallFormat.HERMES)
+    parser = ToolCallParser(NAMES, ToolCallFormat.HERMES)
     streamed = "".join(parser.feed(p) for p in pieces)
     assert streamed == "Let me check."  # nothing of the call leaks into content
     rest, calls = parser.finish()
@@ -306,25 +301,23 @@ def test_hermes_calls_are_found_across_chunk_boundaries() -> None:
 
 
 def test_text_that_is_not_a_valid_call_stays_content() -> None:
-    tools = [ToolSpec.model_validate(t) for t in TOOLS]
     for text in [
         'Maybe <tool_call>{"name": "get_time", "arguments": {"utc": tr',  # cut off
         '<tool_call>{"name": "launch_rockets", "arguments": {}}</tool_call>',  # not a given tool
         "a < b and <tool, not a call",
     ]:
-        assert feed_all(ToolCallParser(tools, ToolCallFormat.HERMES), [text]) == (text, [])
+        assert feed_all(ToolCallParser(NAMES, ToolCallFormat.HERMES), [text]) == (text, [])
 
 
 def test_llama3_json_calls_are_parsed() -> None:
-    tools = [ToolSpec.model_validate(t) for t in TOOLS]
     content, calls = feed_all(
-        ToolCallParser(tools, ToolCallFormat.LLAMA3_JSON),
+        ToolCallParser(NAMES, ToolCallFormat.LLAMA3_JSON),
         ['{"name": "get_time", ', '"parameters": {"utc": false}}'],
     )
     assert content == "" and [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("get_time", {"utc": False})
     ]
-    content, calls = feed_all(ToolCallParser(tools, ToolCallFormat.LLAMA3_JSON), ["It is {noon}."])
+    content, calls = feed_all(ToolCallParser(NAMES, ToolCallFormat.LLAMA3_JSON), ["It is {noon}."])
     assert (content, calls) == ("It is {noon}.", [])
 
 
