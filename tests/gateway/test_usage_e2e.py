@@ -33,8 +33,9 @@ def read_usage(database_url: str) -> list[dict]:
     """All usage rows (checking the rollups agree with them), read from a test thread."""
 
     async def run() -> list[dict]:
-        engine = create_async_engine(database_url)
-        async with engine.connect() as conn:
+        # One snapshot for both reads: the flusher may commit between two statements otherwise.
+        engine = create_async_engine(database_url, isolation_level="REPEATABLE READ")
+        async with engine.connect() as conn, conn.begin():
             rows = (
                 (await conn.execute(text("SELECT * FROM usage_records ORDER BY started_at"))).mappings().all()
             )
