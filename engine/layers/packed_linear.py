@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.config import cpu_has_native_bf16
+from engine.cpu import kernels as cpu_kernels
 from engine.layers.quant.linear import Int4Linear
 
 PACKED_ROWS = 16
@@ -177,14 +178,77 @@ class Int8PackedCpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8_per_row=True"
 
 
+class Q4CpuLinear(nn.Module):
+    """Drop-in for a CPU ``Int4Linear`` in a float32 model: the weight as GGUF Q4_1 blocks of 32
+    (``code * scale + min``; a larger group repeats its scale and min), run by the C kernel of
+    ``engine/cpu`` with each row quantized to int8 blocks on the way in, as llama.cpp does. A row's
+    result does not depend on the batch or the thread count (docs/engine.md, "CPU linears")."""
+
+    def __init__(self, linear: Int4Linear) -> None:
+        super().__init__()
+        weight = linear.int4_weight()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        repeat = weight.group_size // cpu_kernels.BLOCK
+        with torch.no_grad():
+            self.scales = weight.scales.repeat_interleave(repeat, dim=1).float().contiguous()
+            self.mins = weight.mins.repeat_interleave(repeat, dim=1).float().contiguous()
+            self.qweight = cpu_kernels.pack_q4_1(weight.codes, self.scales, self.mins)
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+
+    @staticmethod
+    def supports(linear: Int4Linear) -> bool:
+        return (
+            linear.backend == "torch"
+            and linear.in_features % linear.group_size == 0
+            and linear.group_size % cpu_kernels.BLOCK == 0
+            and cpu_kernels.available()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = cpu_kernels.matmul_q4_1(x.reshape(-1, self.in_features), self.qweight, self.scales, self.mins)
+        if self.bias is not None:
+            out += self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format=q4_1"
+
+
+class Q8CpuLinear(nn.Module):
+    """Drop-in for a float32 CPU ``nn.Linear`` (the GGUF's tied embedding / lm_head, stored Q8_0):
+    int8 weights with a scale per block of 32, which gives a Q8_0 tensor its own codes back, run by
+    the C kernel of ``engine/cpu``. A fourth of the float32 weight's bytes."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        with torch.no_grad():
+            self.qweight, self.scales = cpu_kernels.quantize_q8_0(linear.weight.detach())
+        self.bias = None if linear.bias is None else linear.bias.detach().float()
+
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:
+        return linear.in_features % cpu_kernels.BLOCK == 0 and cpu_kernels.available()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = cpu_kernels.matmul_q8_0(x.reshape(-1, self.in_features), self.qweight, self.scales)
+        if self.bias is not None:
+            out += self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format=q8_0"
+
+
 def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
     """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
 
     - bfloat16 (after fusing q/k/v and gate/up where the model can): ``Int4Linear`` by
       ``Int4PackedCpuLinear``, ``nn.Linear`` by ``OneDnnPackedLinear`` where oneDNN can (native bf16);
     - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
-      GGUF with its Q4 linears kept): ``Int4Linear`` by ``Int4PackedCpuLinear``, ``nn.Linear`` (the
-      lm_head) by ``Int8PackedCpuLinear``, after fusing;
+      GGUF with its Q4 linears kept), after fusing: ``Int4Linear`` by ``Q4CpuLinear`` and ``nn.Linear``
+      (the lm_head) by ``Q8CpuLinear`` where the C kernels build, else by ``Int4PackedCpuLinear`` and
+      ``Int8PackedCpuLinear`` (torch's kernels);
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
@@ -197,11 +261,17 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
         pack_dense = MklPackedLinear if dtype == torch.float32 and mkl_packing_available() else None
     if int4_kernels and hasattr(model, "fuse_projections"):
         model.fuse_projections()
+    c_kernels = dtype == torch.float32 and int4_in_float32 and cpu_kernels.available()
     replaced = 0
     for name, module in list(model.named_modules()):
         new: nn.Module | None = None
         if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == dtype:
-            new = None if pack_dense is None else pack_dense(module)
+            if c_kernels and Q8CpuLinear.supports(module):
+                new = Q8CpuLinear(module)
+            else:
+                new = None if pack_dense is None else pack_dense(module)
+        elif c_kernels and isinstance(module, Int4Linear) and Q4CpuLinear.supports(module):
+            new = Q4CpuLinear(module)
         elif int4_kernels and isinstance(module, Int4Linear) and Int4PackedCpuLinear.supports(module):
             new = Int4PackedCpuLinear(module)
         if new is not None:

@@ -19,6 +19,8 @@ from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
     Int8PackedCpuLinear,
     OneDnnPackedLinear,
+    Q4CpuLinear,
+    Q8CpuLinear,
     onednn_packing_available,
     pack_cpu_linears,
 )
@@ -112,11 +114,13 @@ def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
     engine = fast_engine()
     model = engine.runner.model
     layer = model.model.layers[0]
-    assert isinstance(layer.self_attn.qkv_proj, Int4PackedCpuLinear)
-    assert isinstance(layer.mlp.gate_up_proj, Int4PackedCpuLinear)
+    # native bf16: torch's int4 kernel and a oneDNN-packed bf16 lm_head (the tied Q8_0 embedding);
+    # else a float32 model on the C kernels: Q4_1 linears and a Q8_0 lm_head
+    int4_type = Int4PackedCpuLinear if NATIVE_BF16 else Q4CpuLinear
+    assert isinstance(layer.self_attn.qkv_proj, int4_type)
+    assert isinstance(layer.mlp.gate_up_proj, int4_type)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
-    # the tied Q8_0 embedding: oneDNN-packed bf16 with native bf16, else per-row int8
-    assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Int8PackedCpuLinear)
+    assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Q8CpuLinear)
     assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
     assert pack_cpu_linears(model) == 0  # nothing left to pack
 

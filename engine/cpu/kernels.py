@@ -1,0 +1,240 @@
+"""The C kernels of ``quant_kernels.c``: built with the machine's C compiler on first use, loaded
+with ctypes, each with a plain-torch reference (``*_ref``) it is tested against.
+
+Why C and not torch's weight-only kernels: on a CPU without AVX-512, torch's int4 kernel streams
+the weights at about 7 GB/s and costs the same per row at any batch size, and its int8 kernel has
+per-output-row scales only. These kernels do what llama.cpp does for GGUF models: quantize each
+activation row to integers (int16 here, where llama.cpp takes int8) and take integer dot products
+block by block, reading a weight tile once for all the rows of a step (docs/engine.md, "CPU linears").
+
+The shared library is compiled with ``-march=native`` for the CPU it runs on and cached under
+``$TERN_KERNEL_CACHE`` (default ``~/.cache/tern/kernels``), keyed by the source, the flags and the
+CPU's features; building takes about a second. With no C compiler, :func:`library` returns None and
+the engine keeps torch's kernels. OpenMP threads are torch's own (the same libgomp), so
+``--num-threads`` applies.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+BLOCK = 32
+"""Elements per quantization block along K (weights and activations alike)."""
+ACTIVATION_MAX = 32767
+"""Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
+SOURCE = Path(__file__).with_name("quant_kernels.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+
+
+class KernelError(RuntimeError):
+    pass
+
+
+def _cpu_signature() -> str:
+    try:
+        flags = next(
+            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
+        )
+    except (OSError, StopIteration):
+        flags = platform.processor()
+    return flags
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TERN_KERNEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tern", "kernels"
+    )
+    return Path(root)
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    target = _cache_dir() / f"quant_kernels-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Build beside the target and rename: two engines starting at once never load a half-written file.
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        partial = Path(tmp.name)
+    try:
+        subprocess.run(
+            [compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        partial.replace(target)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        partial.unlink(missing_ok=True)
+        detail = getattr(exc, "stderr", "") or str(exc)
+        raise KernelError(f"building {SOURCE.name} failed: {detail.strip()[:2000]}") from exc
+    return target
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot be built (no C compiler, not x86/ARM Linux)."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        log.warning("no C compiler found: the CPU quantized kernels are off (torch's kernels serve)")
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(compiler)))
+    except (KernelError, OSError) as exc:
+        log.warning("the CPU quantized kernels are off: %s", exc)
+        return None
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.tern_matmul_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
+    lib.tern_matmul_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
+    lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+    lib.tern_quantize_rows.restype = None
+    return lib
+
+
+def available() -> bool:
+    return library() is not None
+
+
+def _lib() -> ctypes.CDLL:
+    lib = library()
+    if lib is None:
+        raise KernelError("the CPU quantized kernels are not available on this machine")
+    return lib
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        raise KernelError("the CPU quantized kernels take float32 CPU rows")
+    return x.contiguous()
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise KernelError("out of memory" if status == -1 else f"bad shapes (status {status})")
+
+
+# -- weight layouts -------------------------------------------------------------------------------
+
+
+def pack_q4_1(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] (0..15) -> [N, K / 2] bytes, GGUF Q4_1's order: byte j of a block holds element
+    j in its low nibble and element j + 16 in its high one."""
+    n, k = codes.shape
+    if k % BLOCK or scales.shape != (n, k // BLOCK) or mins.shape != scales.shape:
+        raise KernelError("q4_1 needs whole blocks of 32 along K, one scale and min per block")
+    blocks = codes.to(torch.uint8).reshape(n, k // BLOCK, 2, BLOCK // 2)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def unpack_q4_1(packed: torch.Tensor) -> torch.Tensor:
+    n, half = packed.shape
+    blocks = packed.reshape(n, half * 2 // BLOCK, BLOCK // 2)
+    return torch.stack((blocks & 0x0F, blocks >> 4), dim=2).reshape(n, half * 2)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] -> int8 codes [N, K] and one scale per block of 32 [N, K / 32]:
+    GGUF's Q8_0 (a Q8_0 tensor dequantized and quantized again gives back its own codes)."""
+    n, k = weight.shape
+    blocks = weight.float().reshape(n, k // BLOCK, BLOCK)
+    scales = blocks.abs().amax(-1) / 127
+    inverse = torch.where(scales == 0, torch.zeros_like(scales), 1 / scales)
+    codes = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)
+    return codes.reshape(n, k).contiguous(), scales.contiguous()
+
+
+# -- kernels --------------------------------------------------------------------------------------
+
+
+def matmul_q4_1(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W from :func:`pack_q4_1`
+    (w = code * scale + min)."""
+    x = _rows(x)
+    m, k = x.shape
+    n = qweight.shape[0]
+    if qweight.shape[1] * 2 != k or scales.shape != (n, k // BLOCK) or mins.shape != scales.shape:
+        raise KernelError(f"rows of {k} do not fit a q4_1 weight {tuple(qweight.shape)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    _check(
+        _lib().tern_matmul_q4_1(
+            x.data_ptr(), m, k, qweight.data_ptr(), scales.data_ptr(), mins.data_ptr(), n, out.data_ptr()
+        )
+    )
+    return out
+
+
+def matmul_q8_0(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W from :func:`quantize_q8_0`."""
+    x = _rows(x)
+    m, k = x.shape
+    n = qweight.shape[0]
+    if qweight.shape[1] != k or scales.shape != (n, k // BLOCK):
+        raise KernelError(f"rows of {k} do not fit a q8_0 weight {tuple(qweight.shape)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    _check(
+        _lib().tern_matmul_q8_0(x.data_ptr(), m, k, qweight.data_ptr(), scales.data_ptr(), n, out.data_ptr())
+    )
+    return out
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The kernels' activation quantizer: x [M, K] -> int16 codes [M, K], one scale per row [M], and
+    scale * the sum of each block's codes [M, K / 32]."""
+    x = _rows(x)
+    m, k = x.shape
+    codes = torch.empty(m, k, dtype=torch.int16)
+    scales = torch.empty(m)
+    sums = torch.empty(m, k // BLOCK)
+    _lib().tern_quantize_rows(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr())
+    return codes, scales, sums
+
+
+# -- plain-torch references -----------------------------------------------------------------------
+
+
+def quantize_rows_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    m = x.shape[0]
+    scales = x.float().abs().amax(-1) / ACTIVATION_MAX
+    inverse = torch.where(scales == 0, torch.zeros_like(scales), 1 / scales)
+    codes = torch.round(x.float() * inverse[:, None])
+    return codes.to(torch.int16), scales, scales[:, None] * codes.reshape(m, -1, BLOCK).sum(-1)
+
+
+def _dequantized_rows(x: torch.Tensor) -> torch.Tensor:
+    codes, scales, _ = quantize_rows_ref(x)
+    return codes.double() * scales.double()[:, None]
+
+
+def matmul_q4_1_ref(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+) -> torch.Tensor:
+    """The same arithmetic in float64: quantized activations against the dequantized weight."""
+    n, k = qweight.shape[0], x.shape[1]
+    w = (
+        unpack_q4_1(qweight).double().reshape(n, -1, BLOCK) * scales.double()[..., None]
+        + mins.double()[..., None]
+    )
+    return (_dequantized_rows(x) @ w.reshape(n, k).t()).float()
+
+
+def matmul_q8_0_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    n, k = qweight.shape[0], x.shape[1]
+    w = qweight.double().reshape(n, -1, BLOCK) * scales.double()[..., None]
+    return (_dequantized_rows(x) @ w.reshape(n, k).t()).float()

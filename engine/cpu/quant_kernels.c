@@ -1,0 +1,261 @@
+/* Weight-only quantized matmuls for CPUs, the way llama.cpp runs GGUF models.
+ *
+ *   out[M, N] = x[M, K] @ W[N, K]^T, x float32, W quantized in blocks of 32 along K.
+ *
+ * Each row of x is quantized on the fly to int16 with one float scale dx (15 bits against the row's
+ * largest value; llama.cpp's int8 blocks lose enough to flip near-tied greedy tokens), and each
+ * block product is an integer dot product (AVX2: vpmaddwd), scaled once per block:
+ *
+ *   q4_1 weights (GGUF Q4_1): w = code * d + m, code 0..15, two codes a byte (byte j holds elements
+ *        j and j + 16 of its block);  x . w = dx * sum_blocks(dw * sum(code * qx)) + sum_blocks(m * dx * sum(qx)).
+ *   q8_0 weights (GGUF Q8_0): w = q * d, q int8;  x . w = dx * sum_blocks(dw * sum(q * qx)).
+ *
+ * Every output element is computed by one thread, in the same order whatever the number of rows or
+ * threads, so a row's result does not depend on the batch it is in (the engine's batch independence).
+ * The weight is read once per tile of output rows for all rows of x (a GEMM, not one GEMV per row).
+ * Plain-torch references: engine/cpu/kernels.py (`*_ref`), tested in tests/engine/test_cpu_kernels.py.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+#define QK 32       /* elements per block */
+#define TILE_N 16   /* output columns (weight rows) per tile */
+
+#define QMAX 32767.0f
+
+/* x [K] -> qs [K] int16 with one scale for the row, d (the scale) and s [K/32] (d * the sum of
+ * each block's codes). One scale per row, not per block: it can then be applied once, after the
+ * sum over blocks, which saves a multiply per block, row and column; at 15 bits it is still finer
+ * than the bf16 rounding of torch's kernels. */
+static void quantize_row(const float *x, int64_t K, int16_t *qs, float *d, float *s) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+    const float scale = amax / QMAX;
+    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    for (int64_t b = 0; b < K / QK; b++) {
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            const int q = (int)nearbyintf(x[b * QK + j] * inv);
+            qs[b * QK + j] = (int16_t)q;
+            sum += q;
+        }
+        s[b] = scale * (float)sum;
+    }
+    *d = scale;
+}
+
+typedef struct {
+    int16_t *qs;
+    float *d;
+    float *s;
+} QuantizedRows;
+
+static int quantize_rows(const float *x, int64_t M, int64_t K, QuantizedRows *q) {
+    const int64_t nb = K / QK;
+    q->qs = (int16_t *)malloc((size_t)(M * K) * sizeof(int16_t));
+    q->d = (float *)malloc((size_t)M * sizeof(float));
+    q->s = (float *)malloc((size_t)(M * nb) * sizeof(float));
+    if (!q->qs || !q->d || !q->s) return -1;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, q->qs + r * K, q->d + r, q->s + r * nb);
+    return 0;
+}
+
+static void free_rows(QuantizedRows *q) {
+    free(q->qs);
+    free(q->d);
+    free(q->s);
+}
+
+#ifdef __AVX2__
+static inline float hsum(__m256 v) {
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+#endif
+
+/* Micro-kernels: RR rows of x against CC weight rows, every output element one float accumulator
+ * over the blocks in order, then its horizontal sum, then the min term (q4_1): the same arithmetic
+ * for an element whichever micro-kernel computes it, so the result does not depend on the batch.
+ * Several elements at once hide the latency of each accumulator's chain of FMAs. */
+typedef struct {
+    const uint8_t *qs; /* q4_1: [N, nb, 16] bytes; q8_0: [N, nb, 32] int8 */
+    const float *d;    /* [N, nb] */
+    const float *m;    /* q4_1 only: [N, nb] */
+    int64_t nb;
+} Weights;
+
+static inline __attribute__((always_inline)) float min_term(const Weights *w, int64_t n, const QuantizedRows *x,
+                                                            int64_t r) {
+    float total = 0.0f;
+    for (int64_t b = 0; b < w->nb; b++) total += w->m[n * w->nb + b] * x->s[r * w->nb + b];
+    return total;
+}
+
+#ifdef __AVX2__
+static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r0,
+                                                            int64_t n0, int64_t N, float *out, const int RR,
+                                                            const int CC) {
+    const int64_t nb = w->nb;
+    const __m128i low = _mm_set1_epi8(0x0F);
+    __m256 acc[4][4];
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i first[4], second[4]; /* the block's codes 0..15 and 16..31 as int16 */
+        __m256 dw[4];
+        for (int j = 0; j < CC; j++) {
+            const __m128i packed = _mm_loadu_si128((const __m128i *)(w->qs + ((n0 + j) * nb + b) * 16));
+            first[j] = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
+            second[j] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
+            dw[j] = _mm256_set1_ps(w->d[(n0 + j) * nb + b]);
+        }
+        for (int i = 0; i < RR; i++) {
+            const int64_t r = r0 + i;
+            const int16_t *xb = x->qs + (r * nb + b) * QK;
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
+            for (int j = 0; j < CC; j++) {
+                const __m256i prod = _mm256_add_epi32(_mm256_madd_epi16(first[j], x0), _mm256_madd_epi16(second[j], x1));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), dw[j], acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
+}
+
+static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r0,
+                                                            int64_t n0, int64_t N, float *out, const int RR,
+                                                            const int CC) {
+    const int64_t nb = w->nb;
+    __m256 acc[4][4];
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i first[4], second[4]; /* the block's codes 0..15 and 16..31 as int16 */
+        __m256 dw[4];
+        for (int j = 0; j < CC; j++) {
+            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * QK;
+            first[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
+            second[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
+            dw[j] = _mm256_set1_ps(w->d[(n0 + j) * nb + b]);
+        }
+        for (int i = 0; i < RR; i++) {
+            const int64_t r = r0 + i;
+            const int16_t *xb = x->qs + (r * nb + b) * QK;
+            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
+            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
+            for (int j = 0; j < CC; j++) {
+                const __m256i prod = _mm256_add_epi32(_mm256_madd_epi16(first[j], x0), _mm256_madd_epi16(second[j], x1));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), dw[j], acc[i][j]);
+            }
+        }
+    }
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum(acc[i][j]) * x->d[r0 + i];
+}
+#else
+/* Portable version: the same per-element arithmetic without vectors. */
+static inline void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r0, int64_t n0, int64_t N, float *out,
+                             const int RR, const int CC) {
+    const int64_t nb = w->nb;
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) {
+            const int64_t r = r0 + i, n = n0 + j;
+            float total = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *wq = w->qs + (n * nb + b) * 16;
+                const int16_t *qx = x->qs + (r * nb + b) * QK;
+                int sum = 0;
+                for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
+                total += w->d[n * nb + b] * (float)sum;
+            }
+            out[r * N + n] = total * x->d[r] + min_term(w, n, x, r);
+        }
+}
+
+static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r0, int64_t n0, int64_t N, float *out,
+                             const int RR, const int CC) {
+    const int64_t nb = w->nb;
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) {
+            const int64_t r = r0 + i, n = n0 + j;
+            float total = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const int8_t *wq = (const int8_t *)w->qs + (n * nb + b) * QK;
+                const int16_t *qx = x->qs + (r * nb + b) * QK;
+                int sum = 0;
+                for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
+                total += w->d[n * nb + b] * (float)sum;
+            }
+            out[r * N + n] = total * x->d[r];
+        }
+}
+#endif
+
+/* One tile of TILE_N weight rows against all rows of x: 4 x 2 micro-kernels while 4 rows remain,
+ * then 1 x 4; weight rows past a multiple of the micro-kernel's width one at a time. */
+#define TILE_LOOP(TILE_FN)                                                                        \
+    do {                                                                                          \
+        int64_t r0 = 0;                                                                           \
+        for (; r0 + 4 <= M; r0 += 4) {                                                            \
+            int64_t n = n_begin;                                                                  \
+            for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 4, 2);                   \
+            for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 4, 1);                           \
+        }                                                                                         \
+        for (; r0 < M; r0++) {                                                                    \
+            int64_t n = n_begin;                                                                  \
+            for (; n + 4 <= n_end; n += 4) TILE_FN(w, &q, r0, n, N, out, 1, 4);                   \
+            for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 1, 1);                           \
+        }                                                                                         \
+    } while (0)
+
+static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_t N, float *out, int q4) {
+    if (K % QK) return -2;
+    QuantizedRows q;
+    if (quantize_rows(x, M, K, &q)) {
+        free_rows(&q);
+        return -1;
+    }
+    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tiles; t++) {
+        const int64_t n_begin = t * TILE_N;
+        const int64_t n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
+        if (q4)
+            TILE_LOOP(tile_q4_1);
+        else
+            TILE_LOOP(tile_q8_0);
+    }
+    free_rows(&q);
+    return 0;
+}
+
+/* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d and m [N, K/32]. 0 on success. */
+int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *wd,
+                     const float *wm, int64_t N, float *out) {
+    const Weights w = {wq, wd, wm, K / QK};
+    return matmul(x, M, K, &w, N, out, 1);
+}
+
+/* out [M, N] = x [M, K] @ dequant(W)^T; W as q8_0: qs [N, K] int8, d [N, K/32]. 0 on success. */
+int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const float *wd, int64_t N,
+                     float *out) {
+    const Weights w = {(const uint8_t *)wq, wd, NULL, K / QK};
+    return matmul(x, M, K, &w, N, out, 0);
+}
+
+/* The activation quantizer alone, for the reference test: qs [M, K], d and s [M, K/32]. */
+void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s) {
+    const int64_t nb = K / QK;
+    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, qs + r * K, d + r, s + r * nb);
+}

@@ -1,0 +1,119 @@
+"""The C kernels of engine/cpu against their plain-torch references, and the drop-in linears on them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine.cpu import kernels
+from engine.layers.packed_linear import Q4CpuLinear, Q8CpuLinear
+from engine.layers.quant.linear import Int4Linear
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason="no C compiler: the CPU kernels cannot be built"
+)
+
+
+def q4_weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 16, (n, k), generator=generator)
+    scales = torch.rand(n, k // 32, generator=generator) * 0.02 + 1e-3
+    mins = -torch.rand(n, k // 32, generator=generator) * 0.15
+    return kernels.pack_q4_1(codes, scales, mins), scales, mins
+
+
+def test_q4_1_packing_round_trips_in_gguf_order() -> None:
+    codes = torch.randint(0, 16, (3, 64))
+    packed = kernels.pack_q4_1(codes, torch.ones(3, 2), torch.zeros(3, 2))
+    assert packed.shape == (3, 32)
+    assert torch.equal(kernels.unpack_q4_1(packed), codes.to(torch.uint8))
+    # GGUF's Q4_1: byte j of a block holds element j (low nibble) and element j + 16 (high nibble)
+    assert packed[0, 0].item() == codes[0, 0].item() | codes[0, 16].item() << 4
+
+
+def test_activation_quantizer_matches_reference() -> None:
+    x = torch.randn(7, 96) * torch.logspace(-3, 2, 96)  # very different magnitudes within a row
+    x[3] = 0  # an all-zero row: scale 0, codes 0
+    codes, scales, sums = kernels.quantize_rows(x)
+    ref_codes, ref_scales, ref_sums = kernels.quantize_rows_ref(x)
+    assert torch.equal(codes, ref_codes)
+    torch.testing.assert_close(scales, ref_scales, rtol=0, atol=0)
+    torch.testing.assert_close(sums, ref_sums, rtol=1e-6, atol=1e-6)
+    # 15 bits against the row's largest value: the round trip is close to the input
+    back = codes.float() * scales[:, None]
+    assert ((back - x).abs() <= scales[:, None] / 2 + 1e-9).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
+@pytest.mark.parametrize("n", [16, 40, 7])
+def test_q4_1_matmul_matches_reference(rows: int, n: int) -> None:
+    qweight, scales, mins = q4_weight(n, 96)
+    x = torch.randn(rows, 96)
+    out = kernels.matmul_q4_1(x, qweight, scales, mins)
+    torch.testing.assert_close(out, kernels.matmul_q4_1_ref(x, qweight, scales, mins), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 6])
+def test_q8_0_matmul_matches_reference(rows: int) -> None:
+    weight = torch.randn(40, 128)
+    qweight, scales = kernels.quantize_q8_0(weight)
+    x = torch.randn(rows, 128)
+    out = kernels.matmul_q8_0(x, qweight, scales)
+    torch.testing.assert_close(out, kernels.matmul_q8_0_ref(x, qweight, scales), rtol=1e-5, atol=1e-5)
+    # and the whole chain is close to the float product (8-bit weights: about 0.6% off here)
+    exact = x @ weight.t()
+    assert (out - exact).norm() / exact.norm() < 0.02
+
+
+def test_q8_0_requantization_gives_a_q8_0_tensor_its_codes_back() -> None:
+    codes = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
+    codes[:, ::32] = 127  # every block reaches the full range, as GGUF's quantizer makes it
+    scales = torch.rand(8, 2) + 0.01
+    weight = (codes.float().reshape(8, 2, 32) * scales[..., None]).reshape(8, 64)
+    again, again_scales = kernels.quantize_q8_0(weight)
+    assert torch.equal(again, codes)
+    torch.testing.assert_close(again_scales, scales)
+
+
+def test_rows_do_not_depend_on_the_batch_or_the_thread_count() -> None:
+    qweight, scales, mins = q4_weight(48, 128, seed=1)
+    x = torch.randn(11, 128)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch = kernels.matmul_q4_1(x, qweight, scales, mins)
+        torch.set_num_threads(1)
+        one_thread = kernels.matmul_q4_1(x, qweight, scales, mins)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(batch, one_thread)
+    for i in range(x.shape[0]):
+        assert torch.equal(kernels.matmul_q4_1(x[i : i + 1], qweight, scales, mins)[0], batch[i])
+        assert torch.equal(kernels.matmul_q4_1(x[: i + 1], qweight, scales, mins)[i], batch[i])
+
+
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_q4_linear_is_a_drop_in_for_int4_linear(group_size: int) -> None:
+    torch.manual_seed(0)
+    linear = Int4Linear.from_linear(nn.Linear(256, 48, bias=True), group_size=group_size)
+    fast = Q4CpuLinear(linear)
+    x = torch.randn(2, 5, 256)
+    torch.testing.assert_close(fast(x), linear(x), rtol=1e-4, atol=1e-4)
+
+
+def test_q8_linear_is_a_drop_in_for_linear() -> None:
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 96, bias=False)
+    fast = Q8CpuLinear(linear)
+    x = torch.randn(3, 64)
+    exact = linear(x)
+    assert (fast(x) - exact).norm() / exact.norm() < 0.02
+
+
+def test_bad_input_is_refused_in_one_line() -> None:
+    qweight, scales, mins = q4_weight(16, 64)
+    with pytest.raises(kernels.KernelError, match="float32"):
+        kernels.matmul_q4_1(torch.randn(2, 64, dtype=torch.float64), qweight, scales, mins)
+    with pytest.raises(kernels.KernelError, match="blocks of 32"):
+        kernels.pack_q4_1(torch.zeros(2, 40, dtype=torch.long), torch.ones(2, 1), torch.zeros(2, 1))
