@@ -36,6 +36,12 @@ FROM base AS engine
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
+# A C compiler: the engine builds its CPU kernels (engine/cpu) for the CPU it runs on, at first start
+# (about a second; cached under ~/.cache/tern/kernels). Without one it serves on torch's kernels.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+
 # torch first, in its own layer: it is by far the largest download and changes least often.
 RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 

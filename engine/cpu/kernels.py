@@ -1,5 +1,6 @@
-"""The C kernels of ``quant_kernels.c``: built with the machine's C compiler on first use, loaded
-with ctypes, each with a plain-torch reference (``*_ref``) it is tested against.
+"""The C kernels of ``quant_kernels.c`` and ``attention_kernels.c``: built with the machine's C
+compiler on first use, loaded with ctypes, each with a plain-torch reference (``*_ref``) it is
+tested against.
 
 Why C and not torch's weight-only kernels: on a CPU without AVX-512, torch's int4 kernel streams
 the weights at about 7 GB/s and costs the same per row at any batch size, and its int8 kernel has
@@ -35,7 +36,7 @@ BLOCK = 32
 """Elements per quantization block along K (weights and activations alike)."""
 ACTIVATION_MAX = 32767
 """Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
-SOURCE = Path(__file__).with_name("quant_kernels.c")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("quant_kernels.c", "attention_kernels.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 
 
@@ -61,9 +62,9 @@ def _cache_dir() -> Path:
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join(path.read_bytes() for path in SOURCES)
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
-    target = _cache_dir() / f"quant_kernels-{key}.so"
+    target = _cache_dir() / f"tern_cpu_kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -72,7 +73,7 @@ def _build(compiler: str) -> Path:
         partial = Path(tmp.name)
     try:
         subprocess.run(
-            [compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"],
+            [compiler, *FLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -82,7 +83,7 @@ def _build(compiler: str) -> Path:
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
         partial.unlink(missing_ok=True)
         detail = getattr(exc, "stderr", "") or str(exc)
-        raise KernelError(f"building {SOURCE.name} failed: {detail.strip()[:2000]}") from exc
+        raise KernelError(f"building the CPU kernels failed: {detail.strip()[:2000]}") from exc
     return target
 
 
@@ -98,11 +99,28 @@ def library() -> ctypes.CDLL | None:
     except (KernelError, OSError) as exc:
         log.warning("the CPU quantized kernels are off: %s", exc)
         return None
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.tern_matmul_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
     lib.tern_matmul_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
     lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows.restype = None
+    lib.tern_paged_decode_attention.argtypes = [
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        f32,
+        ptr,
+    ]
+    lib.tern_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
+    lib.tern_rms_norm.restype = None
     return lib
 
 
@@ -206,6 +224,54 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return codes, scales, sums
 
 
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per row q [B, H, D] over the first ``context_lens[b]`` keys of its row's
+    blocks (``block_tables`` [B, width] int32; caches [blocks, block_size, KVH, D]) -> [B, H, D]."""
+    q = _rows(q)
+    if k_cache.dtype != torch.float32 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise KernelError("the decode attention kernel takes contiguous float32 caches")
+    batch, heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    out = torch.empty_like(q)
+    _check(
+        _lib().tern_paged_decode_attention(
+            q.data_ptr(),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            tables.data_ptr(),
+            tables.shape[1],
+            lens.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            dim,
+            block_size,
+            scale,
+            out.data_ptr(),
+        )
+    )
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [..., K] / sqrt(mean(x^2) + eps) * weight, in float32."""
+    rows = _rows(x).reshape(-1, x.shape[-1])
+    out = torch.empty_like(rows)
+    _lib().tern_rms_norm(
+        rows.data_ptr(), weight.data_ptr(), rows.shape[0], rows.shape[1], eps, out.data_ptr()
+    )
+    return out.reshape(x.shape)
+
+
 # -- plain-torch references -----------------------------------------------------------------------
 
 
@@ -238,3 +304,30 @@ def matmul_q8_0_ref(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor
     n, k = qweight.shape[0], x.shape[1]
     w = qweight.double().reshape(n, -1, BLOCK) * scales.double()[..., None]
     return (_dequantized_rows(x) @ w.reshape(n, k).t()).float()
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    batch, heads, dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q)
+    for b in range(batch):
+        length = int(context_lens[b])
+        blocks = block_tables[b, : -(-length // block_size)].long()
+        keys = k_cache[blocks].reshape(-1, kv_heads, dim)[:length].repeat_interleave(heads // kv_heads, dim=1)
+        values = (
+            v_cache[blocks].reshape(-1, kv_heads, dim)[:length].repeat_interleave(heads // kv_heads, dim=1)
+        )
+        weights = (torch.einsum("hd,thd->ht", q[b], keys) * scale).softmax(-1)
+        out[b] = torch.einsum("ht,thd->hd", weights, values)
+    return out
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight

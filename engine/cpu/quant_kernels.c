@@ -214,7 +214,7 @@ static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r
         }                                                                                         \
         for (; r0 < M; r0++) {                                                                    \
             int64_t n = n_begin;                                                                  \
-            for (; n + 4 <= n_end; n += 4) TILE_FN(w, &q, r0, n, N, out, 1, 4);                   \
+            for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 1, 2);                   \
             for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 1, 1);                           \
         }                                                                                         \
     } while (0)

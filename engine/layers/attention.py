@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.context import Context, get_context
+from engine.cpu import kernels as cpu_kernels
 
 DECODE_KEY_BUCKET = 128
 """Decode rows are padded to a multiple of this many keys, each to its own (``_decode_groups``)."""
@@ -44,6 +45,9 @@ class Attention(nn.Module):
         # Assigned by the model runner: [num_blocks, block_size, num_kv_heads, head_dim].
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.c_kernel = False
+        """Set on the float32 CPU fast path (``pack_cpu_linears``): decode rows read the cache in place
+        through a C kernel instead of a gather and SDPA per length bucket."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
@@ -97,6 +101,14 @@ class Attention(nn.Module):
                 index = torch.tensor(rows, device=q.device)
                 tables, lens = tables[index], lens[index]
             return paged_attention(q, self.k_cache, self.v_cache, tables, lens, self.scale)
+        if self.c_kernel and self.k_cache.dtype == torch.float32:
+            tables, lens = ctx.block_tables, ctx.context_lens
+            if rows is not None:
+                index = torch.tensor(rows, device=q.device)
+                tables, lens = tables[index], lens[index]
+            return cpu_kernels.paged_decode_attention(
+                q.float(), self.k_cache, self.v_cache, tables, lens, self.scale
+            ).to(q.dtype)
         return self._decode_torch(q, ctx, rows)
 
     def _decode_torch(self, q: torch.Tensor, ctx: Context, rows: list[int] | None) -> torch.Tensor:

@@ -248,7 +248,8 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
     - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
       GGUF with its Q4 linears kept), after fusing: ``Int4Linear`` by ``Q4CpuLinear`` and ``nn.Linear``
       (the lm_head) by ``Q8CpuLinear`` where the C kernels build, else by ``Int4PackedCpuLinear`` and
-      ``Int8PackedCpuLinear`` (torch's kernels);
+      ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels, RMSNorm and decode attention
+      take theirs too (``c_kernel``);
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
@@ -277,4 +278,6 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
         if new is not None:
             model.set_submodule(name, new)
             replaced += 1
+        if c_kernels and hasattr(module, "c_kernel"):
+            module.c_kernel = True  # RMSNorm and decode attention: their C kernels too
     return replaced

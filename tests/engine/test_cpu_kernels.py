@@ -117,3 +117,26 @@ def test_bad_input_is_refused_in_one_line() -> None:
         kernels.matmul_q4_1(torch.randn(2, 64, dtype=torch.float64), qweight, scales, mins)
     with pytest.raises(kernels.KernelError, match="blocks of 32"):
         kernels.pack_q4_1(torch.zeros(2, 40, dtype=torch.long), torch.ones(2, 1), torch.zeros(2, 1))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 3])
+def test_paged_decode_attention_matches_reference(kv_heads: int) -> None:
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(2, 24, 16, kv_heads, 64)
+    tables = torch.randperm(24)[:20].to(torch.int32).reshape(4, 5)
+    tables[0, 2:] = -1  # a short row's table is padded with -1 past its blocks
+    lens = torch.tensor([17, 80, 1, 64], dtype=torch.int32)
+    q = torch.randn(4, 3 * kv_heads, 64)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    ref = kernels.paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # a row alone is bitwise the row in the batch
+    alone = kernels.paged_decode_attention(q[1:2], k_cache, v_cache, tables[1:2], lens[1:2], 0.125)
+    assert torch.equal(alone[0], out[1])
+
+
+def test_rms_norm_matches_reference() -> None:
+    x, weight = torch.randn(5, 576) * 3, torch.randn(576)
+    torch.testing.assert_close(
+        kernels.rms_norm(x, weight, 1e-5), kernels.rms_norm_ref(x, weight, 1e-5), rtol=1e-5, atol=1e-5
+    )
