@@ -54,6 +54,7 @@ class ModelRunner:
         self.attention_layers = [m for m in model.modules() if isinstance(m, Attention)]
         if not self.attention_layers:
             raise ValueError("the model has no engine.layers.attention.Attention layers")
+        self.cache_dtype = self.attention_layers[0].cache_dtype(dtype)
         self.num_kv_heads = model_config.num_key_value_heads
         self.head_dim = model_config.head_dim
         self.max_context = model_config.max_position_embeddings
@@ -67,7 +68,7 @@ class ModelRunner:
             raise RuntimeError("the memory budget leaves no room for the KV cache")
         layers = len(self.attention_layers)
         shape = (2, layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_cache = _zeroed_pool(shape, dtype, device)
+        self.kv_cache = _zeroed_pool(shape, self.cache_dtype, device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache = self.kv_cache[0, i]
             layer.v_cache = self.kv_cache[1, i]
@@ -80,7 +81,7 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        itemsize = torch.empty(0, dtype=self.dtype).element_size()
+        itemsize = torch.empty(0, dtype=self.cache_dtype).element_size()
         per_token = 2 * len(self.attention_layers) * self.num_kv_heads * self.head_dim * itemsize
         return per_token * self.block_size
 

@@ -4,78 +4,82 @@
  * through the row's block table (no gather into a padded copy, no mask). Rows and KV heads are
  * shared out among OpenMP threads; each (row, query head) is computed by one thread in a fixed
  * order, so a row's output does not depend on the batch or the thread count.
+ * The cache is float32 or float16 (llama.cpp's default: half the bytes a step reads, and a
+ * float16 element converts to float32 in one instruction, F16C); arithmetic is float32.
  * Plain-torch references: engine/cpu/kernels.py (`*_ref`), tested in tests/engine/test_cpu_kernels.py.
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-static inline float dot(const float *a, const float *b, int64_t n) {
-    float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-    for (int64_t i = 0; i < n; i++) total += a[i] * b[i];
-    return total;
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+
+static inline float half_to_float(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    } else if (mantissa == 0) {
+        bits = sign;
+    } else { /* subnormal: normalise */
+        int shift = 0;
+        uint32_t m = mantissa;
+        while (!(m & 0x400)) {
+            m <<= 1;
+            shift++;
+        }
+        bits = sign | ((uint32_t)(113 - shift) << 23) | ((m & 0x3FF) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+#endif
 }
 
-/* q, out [B, H, D]; k_cache, v_cache [num_blocks, block_size, KVH, D]; block_tables [B, width]
- * int32; context_lens [B] int32. Returns 0, or -1 when out of memory. */
-int tern_paged_decode_attention(const float *q, const float *k_cache, const float *v_cache,
+#define CAT2(a, b) a##_##b
+#define CAT(a, b) CAT2(a, b)
+#define FN(name) CAT(name, SUFFIX)
+
+#define T float
+#define SUFFIX f32
+#define LOAD8(p) _mm256_loadu_ps(p)
+#define LOAD1(p) (*(p))
+#include "paged_attention.inc"
+#undef T
+#undef SUFFIX
+#undef LOAD8
+#undef LOAD1
+
+#define T uint16_t
+#define SUFFIX f16
+#define LOAD8(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define LOAD1(p) half_to_float(*(p))
+#include "paged_attention.inc"
+#undef T
+#undef SUFFIX
+#undef LOAD8
+#undef LOAD1
+
+/* q, out [B, H, D] float32; k_cache, v_cache [num_blocks, block_size, KVH, D], float16 when `half`
+ * is set, else float32; block_tables [B, width] int32; context_lens [B] int32. Returns 0, or -1
+ * when out of memory. */
+int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,
                                 int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
                                 float *out) {
-    const int64_t group = H / KVH;
-    const int64_t token_stride = KVH * D;
-    int status = 0;
-#pragma omp parallel
-    {
-        int64_t capacity = 0;
-        float *scores = NULL;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t item = 0; item < B * KVH; item++) {
-            const int64_t r = item / KVH, kvh = item % KVH;
-            const int64_t length = context_lens[r];
-            if (length > capacity) {
-                free(scores);
-                capacity = length;
-                scores = (float *)malloc((size_t)(group * capacity) * sizeof(float));
-                if (!scores) {
-                    capacity = 0;
-                    status = -1;
-                    continue;
-                }
-            }
-            const int32_t *table = block_tables + r * width;
-            for (int64_t g = 0; g < group; g++) {
-                const int64_t h = kvh * group + g;
-                const float *qh = q + (r * H + h) * D;
-                float *row_scores = scores + g * capacity;
-                float top = -INFINITY;
-                for (int64_t t = 0; t < length; t++) {
-                    const float *key = k_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * token_stride + kvh * D;
-                    row_scores[t] = dot(qh, key, D) * scale;
-                    top = fmaxf(top, row_scores[t]);
-                }
-                float total = 0.0f;
-                for (int64_t t = 0; t < length; t++) {
-                    row_scores[t] = expf(row_scores[t] - top);
-                    total += row_scores[t];
-                }
-                float *oh = out + (r * H + h) * D;
-                for (int64_t i = 0; i < D; i++) oh[i] = 0.0f;
-                for (int64_t t = 0; t < length; t++) {
-                    const float *value = v_cache + ((int64_t)table[t / block_size] * block_size + t % block_size) * token_stride + kvh * D;
-                    const float p = row_scores[t];
-#pragma omp simd
-                    for (int64_t i = 0; i < D; i++) oh[i] += p * value[i];
-                }
-                const float inv = 1.0f / total;
-#pragma omp simd
-                for (int64_t i = 0; i < D; i++) oh[i] *= inv;
-            }
-        }
-        free(scores);
-    }
-    return status;
+    if (half)
+        return paged_decode_attention_f16(q, (const uint16_t *)k_cache, (const uint16_t *)v_cache, block_tables,
+                                          width, context_lens, B, H, KVH, D, block_size, scale, out);
+    return paged_decode_attention_f32(q, (const float *)k_cache, (const float *)v_cache, block_tables, width,
+                                      context_lens, B, H, KVH, D, block_size, scale, out);
 }
 
 /* out [M, K] = x / sqrt(mean(x^2) + eps) * weight, row by row (float32 throughout). */

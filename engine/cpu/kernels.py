@@ -37,6 +37,7 @@ BLOCK = 32
 ACTIVATION_MAX = 32767
 """Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("quant_kernels.c", "attention_kernels.c"))
+INCLUDES = (Path(__file__).with_name("paged_attention.inc"),)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 
 
@@ -62,7 +63,7 @@ def _cache_dir() -> Path:
 
 
 def _build(compiler: str) -> Path:
-    source = b"".join(path.read_bytes() for path in SOURCES)
+    source = b"".join(path.read_bytes() for path in SOURCES + INCLUDES)
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
     target = _cache_dir() / f"tern_cpu_kernels-{key}.so"
     if target.exists():
@@ -104,21 +105,9 @@ def library() -> ctypes.CDLL | None:
     lib.tern_matmul_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
     lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows.restype = None
-    lib.tern_paged_decode_attention.argtypes = [
-        ptr,
-        ptr,
-        ptr,
-        ptr,
-        i64,
-        ptr,
-        i64,
-        i64,
-        i64,
-        i64,
-        i64,
-        f32,
-        ptr,
-    ]
+    # q, k_cache, v_cache, half, block_tables, width, context_lens, B, H, KVH, D, block_size, scale, out
+    lib.tern_paged_decode_attention.argtypes = [ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr]
+    lib.tern_paged_decode_attention.argtypes += [i64, i64, i64, i64, i64, f32, ptr]
     lib.tern_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
     lib.tern_rms_norm.restype = None
     return lib
@@ -232,11 +221,14 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per row q [B, H, D] over the first ``context_lens[b]`` keys of its row's
-    blocks (``block_tables`` [B, width] int32; caches [blocks, block_size, KVH, D]) -> [B, H, D]."""
+    """One query token per row q [B, H, D] float32 over the first ``context_lens[b]`` keys of its row's
+    blocks (``block_tables`` [B, width] int32; caches [blocks, block_size, KVH, D], float32 or
+    float16) -> [B, H, D] float32."""
     q = _rows(q)
-    if k_cache.dtype != torch.float32 or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise KernelError("the decode attention kernel takes contiguous float32 caches")
+    if k_cache.dtype not in (torch.float32, torch.float16) or v_cache.dtype != k_cache.dtype:
+        raise KernelError("the decode attention kernel takes float32 or float16 caches")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise KernelError("the decode attention kernel takes contiguous caches")
     batch, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     tables = block_tables.to(torch.int32).contiguous()
@@ -247,6 +239,7 @@ def paged_decode_attention(
             q.data_ptr(),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
+            int(k_cache.dtype == torch.float16),
             tables.data_ptr(),
             tables.shape[1],
             lens.data_ptr(),
@@ -324,6 +317,7 @@ def paged_decode_attention_ref(
         values = (
             v_cache[blocks].reshape(-1, kv_heads, dim)[:length].repeat_interleave(heads // kv_heads, dim=1)
         )
+        keys, values = keys.float(), values.float()
         weights = (torch.einsum("hd,thd->ht", q[b], keys) * scale).softmax(-1)
         out[b] = torch.einsum("ht,thd->hd", weights, values)
     return out

@@ -93,10 +93,19 @@ typedef struct {
     int64_t nb;
 } Weights;
 
+/* sum over blocks of m[n, b] * s[r, b]: q4_1's min term. Eight blocks a vector: a scalar chain of
+ * dependent additions here cost as much as the whole integer dot product. */
 static inline __attribute__((always_inline)) float min_term(const Weights *w, int64_t n, const QuantizedRows *x,
                                                             int64_t r) {
+    const float *m = w->m + n * w->nb, *s = x->s + r * w->nb;
+    int64_t b = 0;
     float total = 0.0f;
-    for (int64_t b = 0; b < w->nb; b++) total += w->m[n * w->nb + b] * x->s[r * w->nb + b];
+#ifdef __AVX2__
+    __m256 acc = _mm256_setzero_ps();
+    for (; b + 8 <= w->nb; b += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + b), _mm256_loadu_ps(s + b), acc);
+    total = hsum(acc);
+#endif
+    for (; b < w->nb; b++) total += m[b] * s[b];
     return total;
 }
 
@@ -227,7 +236,9 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
         return -1;
     }
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
-#pragma omp parallel for schedule(static)
+    /* Tiles handed out one at a time: when the OS preempts one thread (the server's event loop and
+     * a client share the cores), the others take its share instead of waiting for it at the end. */
+#pragma omp parallel for schedule(dynamic, 1)
     for (int64_t t = 0; t < tiles; t++) {
         const int64_t n_begin = t * TILE_N;
         const int64_t n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;

@@ -47,7 +47,12 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
         self.c_kernel = False
         """Set on the float32 CPU fast path (``pack_cpu_linears``): decode rows read the cache in place
-        through a C kernel instead of a gather and SDPA per length bucket."""
+        through a C kernel instead of a gather and SDPA per length bucket, and the cache is float16."""
+
+    def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
+        """The KV cache's dtype for a model computing in ``model_dtype``. On the C kernel, float16
+        (as llama.cpp keeps it): half the bytes that a decode step reads and that the cache holds."""
+        return torch.float16 if self.c_kernel and model_dtype == torch.float32 else model_dtype
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
@@ -84,7 +89,10 @@ class Attention(nn.Module):
                 # Nothing cached before this chunk: its own K/V are all it attends to (no gather).
                 keys, values = k[start:end].transpose(0, 1), v[start:end].transpose(0, 1)
             else:
+                # Through the cache, so that a chunk attends to the same (rounded) keys whether or not
+                # an earlier chunk or the prefix cache computed them.
                 keys, values = self._gather_one(ctx.block_tables[i], key_len)
+                keys, values = keys.to(q.dtype), values.to(q.dtype)
             out[start:end] = self._attend_chunk(q[start:end], keys, values, ctx.cache)
         if decode_rows:
             index = torch.tensor(decode_starts, device=q.device)
@@ -101,7 +109,7 @@ class Attention(nn.Module):
                 index = torch.tensor(rows, device=q.device)
                 tables, lens = tables[index], lens[index]
             return paged_attention(q, self.k_cache, self.v_cache, tables, lens, self.scale)
-        if self.c_kernel and self.k_cache.dtype == torch.float32:
+        if self.c_kernel:
             tables, lens = ctx.block_tables, ctx.context_lens
             if rows is not None:
                 index = torch.tensor(rows, device=q.device)

@@ -121,7 +121,7 @@ def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
     assert isinstance(layer.mlp.gate_up_proj, int4_type)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
     assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Q8CpuLinear)
-    assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float32)
+    assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float16)
     assert pack_cpu_linears(model) == 0  # nothing left to pack
 
 

@@ -119,14 +119,15 @@ def test_bad_input_is_refused_in_one_line() -> None:
         kernels.pack_q4_1(torch.zeros(2, 40, dtype=torch.long), torch.ones(2, 1), torch.zeros(2, 1))
 
 
-@pytest.mark.parametrize("kv_heads", [1, 3])
-def test_paged_decode_attention_matches_reference(kv_heads: int) -> None:
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize(("kv_heads", "dim"), [(1, 64), (3, 64), (2, 40)])
+def test_paged_decode_attention_matches_reference(kv_heads: int, dim: int, cache_dtype: torch.dtype) -> None:
     torch.manual_seed(0)
-    k_cache, v_cache = torch.randn(2, 24, 16, kv_heads, 64)
+    k_cache, v_cache = torch.randn(2, 24, 16, kv_heads, dim).to(cache_dtype)
     tables = torch.randperm(24)[:20].to(torch.int32).reshape(4, 5)
     tables[0, 2:] = -1  # a short row's table is padded with -1 past its blocks
     lens = torch.tensor([17, 80, 1, 64], dtype=torch.int32)
-    q = torch.randn(4, 3 * kv_heads, 64)
+    q = torch.randn(4, 3 * kv_heads, dim)
     out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
     ref = kernels.paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
