@@ -37,6 +37,10 @@ BENCHMARKS = {
     ),
     "grammar-libraries": ("engine.bench.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
     "kernels": ("engine.bench.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
+    "cpu-linears": (
+        "engine.bench.cpu_linears",
+        "the default model's CPU linears: torch's kernels against the C kernels",
+    ),
     "int4-quality": ("engine.bench.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
 }
 """Name: (module with ``main(argv)``, one line for ``tern bench --help``)."""

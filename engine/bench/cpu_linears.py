@@ -1,0 +1,110 @@
+"""CPU linears of the default model: torch's weight-only kernels against the C kernels (engine/cpu).
+
+    python -m engine.bench.cpu_linears [--threads 2] [--rows 1 4 9 16 128] [--repeats 5]
+
+For SmolLM2-135M's shapes (stacked q/k/v, o, stacked gate/up, down: Q4_1 blocks of 32; the tied
+Q8_0 lm_head), times ``Int4PackedCpuLinear`` / ``Int8PackedCpuLinear`` (torch's
+``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` on bf16-rounded rows) and ``Q4CpuLinear`` /
+``Q8CpuLinear`` on the same weights, interleaved in one process, best of ``--repeats`` windows (the
+machine is shared: the best window is the least disturbed one). Prints one JSON object with µs per
+call and the weight bytes each call reads per µs (GB/s), for every shape and row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.bench import cpu_model
+from engine.bench.kernels import git_commit
+from engine.cpu import kernels as cpu_kernels
+from engine.layers.packed_linear import Int4PackedCpuLinear, Int8PackedCpuLinear, Q4CpuLinear, Q8CpuLinear
+from engine.layers.quant.linear import Int4Linear
+
+SHAPES: dict[str, tuple[int, int]] = {
+    "qkv": (576, 960),
+    "o": (576, 576),
+    "gate_up": (576, 3072),
+    "down": (1536, 576),
+    "lm_head": (576, 49152),
+}
+"""Name: (in features K, out features N), SmolLM2-135M's."""
+
+
+def best_time(fn: Callable[[], object], calls: int, repeats: int) -> float:
+    """Seconds per call, best window of ``repeats``."""
+    for _ in range(3):
+        fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def layers(name: str, k: int, n: int) -> tuple[nn.Module, nn.Module, int]:
+    """(torch's kernel, the C kernel, weight bytes a call reads) for one shape."""
+    if name == "lm_head":
+        linear = nn.Linear(k, n, bias=False)
+        return Int8PackedCpuLinear(linear), Q8CpuLinear(linear), n * k + n * k // 32 * 4
+    int4 = Int4Linear.from_linear(nn.Linear(k, n, bias=False), group_size=32)
+    return Int4PackedCpuLinear(int4), Q4CpuLinear(int4), n * k // 2 + 2 * n * k // 32 * 4
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 9, 16, 128])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if not cpu_kernels.available():
+        print(json.dumps({"error": "the C kernels cannot be built here (no C compiler)"}))
+        return 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    results = []
+    with torch.inference_mode():
+        for name, (k, n) in SHAPES.items():
+            reference, c_kernel, weight_bytes = layers(name, k, n)
+            for rows in args.rows:
+                x = torch.randn(rows, k)
+                calls = max(3, int(2e6 // (n * k // 32 * rows)))
+                torch_s = best_time(lambda m=reference, x=x: m(x), calls, args.repeats)
+                c_s = best_time(lambda m=c_kernel, x=x: m(x), calls, args.repeats)
+                results.append(
+                    {
+                        "shape": name,
+                        "k": k,
+                        "n": n,
+                        "rows": rows,
+                        "torch_us": round(torch_s * 1e6, 1),
+                        "c_us": round(c_s * 1e6, 1),
+                        "speedup": round(torch_s / c_s, 2),
+                        "torch_weight_gb_s": round(weight_bytes / torch_s / 1e9, 2),
+                        "c_weight_gb_s": round(weight_bytes / c_s / 1e9, 2),
+                    }
+                )
+    report = {
+        "benchmark": "cpu_linears",
+        "cpu": cpu_model(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "commit": git_commit(),
+        "results": results,
+    }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
