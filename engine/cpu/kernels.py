@@ -36,8 +36,10 @@ BLOCK = 32
 """Elements per quantization block along K (weights and activations alike)."""
 ACTIVATION_MAX = 32767
 """Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("quant_kernels.c", "attention_kernels.c"))
-INCLUDES = (Path(__file__).with_name("paged_attention.inc"),)
+SOURCES = tuple(
+    Path(__file__).with_name(name) for name in ("quant_kernels.c", "attention_kernels.c", "layer_kernels.c")
+)
+INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 
 
@@ -110,6 +112,10 @@ def library() -> ctypes.CDLL | None:
     lib.tern_paged_decode_attention.argtypes += [i64, i64, i64, i64, i64, f32, ptr]
     lib.tern_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
     lib.tern_rms_norm.restype = None
+    lib.tern_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, ptr]
+    lib.tern_silu_mul.restype = None
+    # layer, hidden, M, E, cos, sin, table_stride, slots, block_tables, width, context_lens, out
+    lib.tern_decoder_layer.argtypes = [ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr]
     return lib
 
 
@@ -265,6 +271,62 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
+def decoder_layer(
+    layer: object,
+    hidden: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> torch.Tensor:
+    """One decoder layer over decode rows hidden [M, E] (``engine/cpu/decoder_layer.py`` builds
+    ``layer``, a pointer to its C struct): cos and sin [M, ..., D] float32 rows, slots [M] int64,
+    block_tables [M, width] and context_lens [M] int32, as the step's context holds them."""
+    hidden = _rows(hidden)
+    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise KernelError("the decoder layer takes float32 rotary tables")
+    if cos.stride(0) != sin.stride(0):
+        raise KernelError("the decoder layer takes cos and sin rows the same distance apart")
+    slots = slots.to(torch.int64).contiguous()
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    rows, width = hidden.shape
+    out = torch.empty_like(hidden)
+    _check(
+        _lib().tern_decoder_layer(
+            layer,
+            hidden.data_ptr(),
+            rows,
+            width,
+            cos.data_ptr(),
+            sin.data_ptr(),
+            cos.stride(0),
+            slots.data_ptr(),
+            tables.data_ptr(),
+            tables.shape[1],
+            lens.data_ptr(),
+            out.data_ptr(),
+        )
+    )
+    return out
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up in float32, for gate and up [..., K] side by side in one tensor (the two halves
+    of a stacked gate/up projection) or each contiguous. Both paths of the fast path call this one
+    (torch's SiLU rounds its exponential differently from the C decoder layer's)."""
+    k = gate.shape[-1]
+    if gate.dtype != torch.float32 or up.dtype != torch.float32 or up.shape != gate.shape:
+        raise KernelError("silu_mul takes two float32 tensors of one shape")
+    gate2, up2 = gate.reshape(-1, k), up.reshape(-1, k)
+    if gate2.stride(1) != 1 or up2.stride(1) != 1 or gate2.stride(0) != up2.stride(0):
+        gate2, up2 = gate2.contiguous(), up2.contiguous()
+    out = torch.empty(gate2.shape, dtype=torch.float32)
+    _lib().tern_silu_mul(gate2.data_ptr(), up2.data_ptr(), gate2.shape[0], k, gate2.stride(0), out.data_ptr())
+    return out.reshape(gate.shape)
+
+
 # -- plain-torch references -----------------------------------------------------------------------
 
 
@@ -321,6 +383,10 @@ def paged_decode_attention_ref(
         weights = (torch.einsum("hd,thd->ht", q[b], keys) * scale).softmax(-1)
         out[b] = torch.einsum("ht,thd->hd", weights, values)
     return out
+
+
+def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

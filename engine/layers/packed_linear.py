@@ -181,8 +181,10 @@ class Int8PackedCpuLinear(nn.Module):
 class Q4CpuLinear(nn.Module):
     """Drop-in for a CPU ``Int4Linear`` in a float32 model: the weight as GGUF Q4_1 blocks of 32
     (``code * scale + min``; a larger group repeats its scale and min), run by the C kernel of
-    ``engine/cpu`` with each row quantized to int8 blocks on the way in, as llama.cpp does. A row's
-    result does not depend on the batch or the thread count (docs/engine.md, "CPU linears")."""
+    ``engine/cpu`` with each row quantized to int16 on the way in (llama.cpp takes int8 blocks). A
+    row's result does not depend on the batch or the thread count (docs/engine.md, "CPU linears")."""
+
+    format = "q4_1"
 
     def __init__(self, linear: Int4Linear) -> None:
         super().__init__()
@@ -211,13 +213,15 @@ class Q4CpuLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, format=q4_1"
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
 class Q8CpuLinear(nn.Module):
     """Drop-in for a float32 CPU ``nn.Linear`` (the GGUF's tied embedding / lm_head, stored Q8_0):
     int8 weights with a scale per block of 32, which gives a Q8_0 tensor its own codes back, run by
     the C kernel of ``engine/cpu``. A fourth of the float32 weight's bytes."""
+
+    format = "q8_0"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -237,7 +241,7 @@ class Q8CpuLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, format=q8_0"
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
 def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
@@ -248,8 +252,9 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
     - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
       GGUF with its Q4 linears kept), after fusing: ``Int4Linear`` by ``Q4CpuLinear`` and ``nn.Linear``
       (the lm_head) by ``Q8CpuLinear`` where the C kernels build, else by ``Int4PackedCpuLinear`` and
-      ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels, RMSNorm and decode attention
-      take theirs too (``c_kernel``);
+      ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels, RMSNorm, SiLU-and-mul and decode
+      attention take theirs too (``c_kernel``), and each Llama layer runs decode steps in one C call
+      (``engine/cpu/decoder_layer.py``);
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
@@ -279,5 +284,9 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
             model.set_submodule(name, new)
             replaced += 1
         if c_kernels and hasattr(module, "c_kernel"):
-            module.c_kernel = True  # RMSNorm and decode attention: their C kernels too
+            module.c_kernel = True  # RMSNorm, SiLU-and-mul and decode attention: their C kernels too
+    if c_kernels:
+        from engine.cpu.decoder_layer import attach_decoder_kernels  # imports the model classes
+
+        attach_decoder_kernels(model)
     return replaced

@@ -8,6 +8,8 @@ context object that `Attention` reads; this file only does the per-token math.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -96,6 +98,10 @@ def _stacked_linear(owner: nn.Module, names: tuple[str, ...]) -> nn.Module | Non
     return stacked
 
 
+DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]
+"""(hidden, cos, sin) -> the layer's output, or None where the kernel does not apply to the step."""
+
+
 class LlamaDecoderLayer(nn.Module):
     # Variants (BitNet) swap the blocks through these attributes; the layer's wiring stays one piece of code.
     attention_cls: type[nn.Module] = LlamaAttention
@@ -107,8 +113,13 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.decode_kernel: DecodeKernel | None = None
+        """Set on the float32 CPU fast path: the whole layer in one C call for a step of decode rows
+        only (``engine/cpu/decoder_layer.py``); it returns None for other steps."""
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if self.decode_kernel is not None and (out := self.decode_kernel(hidden, cos, sin)) is not None:
+            return out
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 

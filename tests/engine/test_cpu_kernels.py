@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from torch import Tensor, nn
 
+from engine.core.context import make_context, reset_context, set_context
 from engine.cpu import kernels
-from engine.layers.packed_linear import Q4CpuLinear, Q8CpuLinear
+from engine.cpu.decoder_layer import DecoderLayerKernel
+from engine.layers.packed_linear import Q4CpuLinear, Q8CpuLinear, pack_cpu_linears
 from engine.layers.quant.linear import Int4Linear
+from engine.models.llama import LlamaForCausalLM
+from tests.engine.tiny_engine import make_tiny_model
 
 pytestmark = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler: the CPU kernels cannot be built"
@@ -141,3 +145,76 @@ def test_rms_norm_matches_reference() -> None:
     torch.testing.assert_close(
         kernels.rms_norm(x, weight, 1e-5), kernels.rms_norm_ref(x, weight, 1e-5), rtol=1e-5, atol=1e-5
     )
+
+
+def test_silu_mul_matches_reference() -> None:
+    gate_up = torch.randn(3, 2 * 200) * 6
+    gate, up = gate_up.chunk(2, dim=-1)  # side by side, as the stacked projection gives them
+    torch.testing.assert_close(
+        kernels.silu_mul(gate, up), kernels.silu_mul_ref(gate, up), rtol=1e-6, atol=1e-6
+    )
+    extreme = torch.tensor([[-200.0, -90.0, -20.0, 0.0, 20.0, 90.0, 200.0, 1e-30]])
+    torch.testing.assert_close(kernels.silu_mul(extreme, extreme), kernels.silu_mul_ref(extreme, extreme))
+
+
+def fast_tiny_model(attention_bias: bool) -> LlamaForCausalLM:
+    """The tiny Llama with int4 linears on the C kernels, as the fast path packs the default model."""
+    model, _ = make_tiny_model(attention_bias=attention_bias, hidden_size=64, intermediate_size=96)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and name != "lm_head":
+            model.set_submodule(name, Int4Linear.from_linear(module, group_size=32))
+    pack_cpu_linears(model, int4_in_float32=True)
+    return model
+
+
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bias: bool) -> None:
+    """A decode step through the one-call C layer gives exactly what the layer's torch path (the
+    same kernels, op by op) gives, so the engine may mix the two from step to step."""
+    model = fast_tiny_model(attention_bias)
+    layers = model.model.layers
+    assert all(isinstance(layer.decode_kernel, DecoderLayerKernel) for layer in layers)
+    attention = [layer.self_attn.attn for layer in layers]
+    block_size, kv_heads, dim = 4, attention[0].num_kv_heads, attention[0].head_dim
+    cache = torch.zeros(2, len(layers), 16, block_size, kv_heads, dim, dtype=torch.float16)
+    for i, attn in enumerate(attention):
+        attn.k_cache, attn.v_cache = cache[0, i], cache[1, i]
+    tables = [[3, 7, 1], [0], [5, 2]]
+    prompts = [torch.randint(0, 259, (n,)) for n in (10, 3, 6)]
+
+    def run(sequences: list[int], ids: list[list[int]], starts: list[int]) -> Tensor:
+        """New tokens ``ids[i]`` of each sequence ``sequences[i]`` from position ``starts[i]`` on."""
+        positions = [start + j for new, start in zip(ids, starts, strict=True) for j in range(len(new))]
+        owners = [seq for seq, new in zip(sequences, ids, strict=True) for _ in new]
+        set_context(
+            make_context(
+                query_lens=[len(new) for new in ids],
+                context_lens=[start + len(new) for new, start in zip(ids, starts, strict=True)],
+                block_tables=[tables[seq] for seq in sequences],
+                slot_mapping=[
+                    tables[seq][p // block_size] * block_size + p % block_size
+                    for seq, p in zip(owners, positions, strict=True)
+                ],
+            )
+        )
+        try:
+            with torch.inference_mode():
+                return model(torch.tensor([t for new in ids for t in new]), torch.tensor(positions))
+        finally:
+            reset_context()
+
+    for seq, prompt in enumerate(prompts):  # prefill (the torch path)
+        run([seq], [prompt.tolist()], [0])
+    # one decode row per sequence, and a sequence alone
+    for sequences in ([0, 1, 2], [2]):
+        args = (sequences, [[7 + seq] for seq in sequences], [len(prompts[seq]) for seq in sequences])
+        fused = run(*args)
+        kernels_before = [layer.decode_kernel for layer in layers]
+        for layer in layers:
+            layer.decode_kernel = None
+        try:
+            op_by_op = run(*args)
+        finally:
+            for layer, kernel in zip(layers, kernels_before, strict=True):
+                layer.decode_kernel = kernel
+        assert torch.equal(fused, op_by_op)

@@ -1,0 +1,160 @@
+"""A Llama decoder layer's decode rows in one C call (``tern_decoder_layer``, layer_kernels.c).
+
+On the float32 fast path a decode step at one stream spent about as long in Python and small torch
+ops between the kernels as in the kernels. For a step whose rows are all decode rows (no prompt
+chunk), :class:`DecoderLayerKernel` runs the whole layer in C: the same kernels and the same float32
+arithmetic as the layer's torch path, so a row comes out bit for bit the same either way (tested),
+and mixed steps keep the torch path. :func:`attach_decoder_kernels` gives every plain Llama layer
+whose linears are on the C kernels one.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import nn
+
+from engine.core.context import get_context
+from engine.cpu import kernels as cpu_kernels
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP
+
+_FORMATS = {"q4_1": 1, "q8_0": 0}
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [
+        ("qweight", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("mins", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+        ("out_features", ctypes.c_int64),
+        ("in_features", ctypes.c_int64),
+        ("q4", ctypes.c_int32),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("qkv", _Linear),
+        ("o", _Linear),
+        ("gate_up", _Linear),
+        ("down", _Linear),
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+        ("heads", ctypes.c_int64),
+        ("kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("intermediate", ctypes.c_int64),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+        ("half", ctypes.c_int32),
+        ("block_size", ctypes.c_int64),
+    ]
+
+
+def _on_c_kernel(linear: nn.Module | None) -> bool:
+    return getattr(linear, "format", None) in _FORMATS
+
+
+def _linear(module: nn.Module) -> _Linear:
+    def address(tensor: torch.Tensor | None) -> int | None:
+        return None if tensor is None else tensor.data_ptr()
+
+    return _Linear(
+        address(module.qweight),
+        address(module.scales),
+        address(getattr(module, "mins", None)),
+        address(module.bias),
+        module.out_features,
+        module.in_features,
+        _FORMATS[module.format],
+    )
+
+
+class DecoderLayerKernel:
+    """Runs ``layer`` for a pure decode step in one C call; None (the caller takes the torch path)
+    for any other step. The C struct holds the weights' and the cache's addresses; it is rebuilt when
+    the model runner hands the layer another cache."""
+
+    def __init__(self, layer: LlamaDecoderLayer) -> None:
+        self.layer = layer
+        self._struct: _Layer | None = None
+        self._cache_address = 0
+
+    @staticmethod
+    def supports(layer: nn.Module) -> bool:
+        if type(layer) is not LlamaDecoderLayer:
+            return False
+        attention, mlp = layer.self_attn, layer.mlp
+        return (
+            type(attention) is LlamaAttention
+            and type(mlp) is LlamaMLP
+            and _on_c_kernel(attention.qkv_proj)
+            and _on_c_kernel(attention.o_proj)
+            and _on_c_kernel(mlp.gate_up_proj)
+            and _on_c_kernel(mlp.down_proj)
+            and attention.attn.c_kernel
+            and mlp.act.c_kernel
+            and layer.input_layernorm.c_kernel
+            and layer.post_attention_layernorm.c_kernel
+        )
+
+    def _layer_struct(self) -> _Layer:
+        attention, mlp, layer = self.layer.self_attn, self.layer.mlp, self.layer
+        k_cache, v_cache = attention.attn.k_cache, attention.attn.v_cache
+        if self._struct is None or self._cache_address != k_cache.data_ptr():
+            self._struct = _Layer(
+                _linear(attention.qkv_proj),
+                _linear(attention.o_proj),
+                _linear(mlp.gate_up_proj),
+                _linear(mlp.down_proj),
+                layer.input_layernorm.weight.data_ptr(),
+                layer.post_attention_layernorm.weight.data_ptr(),
+                layer.input_layernorm.eps,
+                attention.attn.scale,
+                attention.num_heads,
+                attention.num_kv_heads,
+                attention.head_dim,
+                mlp.gate_up_proj.out_features // 2,
+                k_cache.data_ptr(),
+                v_cache.data_ptr(),
+                int(k_cache.dtype == torch.float16),
+                k_cache.shape[1],
+            )
+            self._cache_address = k_cache.data_ptr()
+        return self._struct
+
+    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+        ctx = get_context()
+        attention = self.layer.self_attn.attn
+        if (
+            ctx.num_seqs == 0
+            or ctx.is_prefill
+            or attention.k_cache.numel() == 0
+            or attention.k_cache.dtype not in (torch.float16, torch.float32)
+            or hidden.dtype != torch.float32
+            or self.layer.input_layernorm.eps != self.layer.post_attention_layernorm.eps
+        ):
+            return None
+        return cpu_kernels.decoder_layer(
+            ctypes.byref(self._layer_struct()),
+            hidden,
+            cos,
+            sin,
+            ctx.slot_mapping,  # type: ignore[arg-type]
+            ctx.block_tables,  # type: ignore[arg-type]
+            ctx.context_lens,  # type: ignore[arg-type]
+        )
+
+
+def attach_decoder_kernels(model: nn.Module) -> int:
+    """Give each layer of ``model`` that can take it a :class:`DecoderLayerKernel`. Returns how many."""
+    attached = 0
+    for module in model.modules():
+        if DecoderLayerKernel.supports(module):
+            module.decode_kernel = DecoderLayerKernel(module)  # type: ignore[assignment]
+            attached += 1
+    return attached

@@ -1,0 +1,228 @@
+/* A whole Llama decoder layer for decode rows (one new token per row), in one call.
+ *
+ * A decode step at one stream spends as long in Python and in the few hundred small torch ops
+ * between the kernels (views, rotary, the KV store, SiLU, residual adds, each kernel's wrapper) as
+ * in the kernels themselves. This runs the layer's kernels back to back instead:
+ *
+ *   hidden += o_proj(attention(rotary(qkv_proj(rms_norm(hidden)))))    (K/V stored in the cache)
+ *   hidden += down_proj(silu(gate) * up), gate | up = gate_up_proj(rms_norm(hidden))
+ *
+ * with the same kernels and the same float32 arithmetic as the torch path of the layer
+ * (engine/models/llama.py with ``c_kernel`` set), so a row comes out bit for bit the same either
+ * way, and the engine may take this path for pure decode steps and the other for mixed ones
+ * (tests/engine/test_cpu_kernels.py checks both against each other). Also here: SiLU-and-mul,
+ * which both paths call, because torch's SiLU rounds its exponential differently.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#if defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* -- SiLU and mul ------------------------------------------------------------------------------ */
+
+/* exp(x) for x in [-87, 88] (inputs are clamped there): Cephes' polynomial, within 2 ulp. The
+ * vector and scalar versions do the same operations in the same order, so every element gets the
+ * same result whichever of them computes it. */
+#define EXP_LO -87.0f
+#define EXP_HI 88.0f
+#define LOG2E 1.44269504088896341f
+#define LN2_HI 0.693359375f
+#define LN2_LO -2.12194440e-4f
+static const float EXP_POLY[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                  4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+
+static inline float exp_scalar(float x) {
+    x = fminf(fmaxf(x, EXP_LO), EXP_HI);
+    const float n = floorf(x * LOG2E + 0.5f);
+    float r = x - n * LN2_HI;
+    r = r - n * LN2_LO;
+    float p = EXP_POLY[0];
+    for (int i = 1; i < 6; i++) p = p * r + EXP_POLY[i];
+    const float y = p * (r * r) + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return y * scale;
+}
+
+#ifdef __AVX2__
+static inline __m256 exp_avx2(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(EXP_LO)), _mm256_set1_ps(EXP_HI));
+    const __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI)));
+    r = _mm256_sub_ps(r, _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
+    __m256 p = _mm256_set1_ps(EXP_POLY[0]);
+    for (int i = 1; i < 6; i++) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(EXP_POLY[i]));
+    const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(r, r)), r), _mm256_set1_ps(1.0f));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+#endif
+
+/* out [M, K] = silu(gate) * up, silu(g) = g / (1 + exp(-g)); gate and up rows are `stride` apart. */
+void tern_silu_mul(const float *gate, const float *up, int64_t M, int64_t K, int64_t stride, float *out) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *g = gate + r * stride, *u = up + r * stride;
+        float *o = out + r * K;
+        int64_t k = 0;
+#ifdef __AVX2__
+        const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (; k + 8 <= K; k += 8) {
+            const __m256 gv = _mm256_loadu_ps(g + k);
+            const __m256 silu = _mm256_div_ps(gv, _mm256_add_ps(one, exp_avx2(_mm256_sub_ps(zero, gv))));
+            _mm256_storeu_ps(o + k, _mm256_mul_ps(silu, _mm256_loadu_ps(u + k)));
+        }
+#endif
+        for (; k < K; k++) o[k] = g[k] / (1.0f + exp_scalar(-g[k])) * u[k];
+    }
+}
+
+/* -- rotary and the KV store ----------------------------------------------------------------- */
+
+/* Rotate `heads` heads of D at the start of each of the M rows of x (rows `stride` apart) in place,
+ * rotate-half convention, with the engine's tables: sin's first half negated (engine/layers/rotary.py),
+ * cos and sin rows `table_stride` apart. Same arithmetic as torch's x * cos + roll(x, D/2) * sin. */
+static void rotary(float *x, int64_t M, int64_t stride, int64_t heads, int64_t D, const float *cos,
+                   const float *sin, int64_t table_stride) {
+    const int64_t half = D / 2;
+    for (int64_t r = 0; r < M; r++) {
+        const float *c = cos + r * table_stride, *s = sin + r * table_stride;
+        for (int64_t h = 0; h < heads; h++) {
+            float *v = x + r * stride + h * D;
+            for (int64_t i = 0; i < half; i++) {
+                const float a = v[i], b = v[i + half];
+                v[i] = a * c[i] + b * s[i];
+                v[i + half] = b * c[i + half] + a * s[i + half];
+            }
+        }
+    }
+}
+
+/* float32 -> float16, rounding to nearest even (torch's .to(torch.float16)). */
+static inline uint16_t float_to_half(float f) {
+#ifdef __F16C__
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u;
+    const uint32_t magnitude = x & 0x7FFFFFFFu;
+    if (magnitude >= 0x7F800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7C00u | (magnitude > 0x7F800000u ? 0x200u : 0u));
+    if (magnitude >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds past 65504 */
+    if (magnitude < 0x38800000u) { /* a float16 subnormal or zero */
+        float value;
+        const uint32_t abs_bits = magnitude;
+        memcpy(&value, &abs_bits, sizeof value);
+        return (uint16_t)(sign | (uint32_t)nearbyintf(value * 16777216.0f)); /* units of 2^-24 */
+    }
+    const uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
+    return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
+#endif
+}
+
+/* Copy M rows of `width` floats (rows `stride` apart) into the cache at slots[r]; the cache rows are
+ * `width` elements, float16 when `half`. */
+static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width, const int64_t *slots,
+                       void *cache, int half) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *src = x + r * stride;
+        if (half) {
+            uint16_t *dst = (uint16_t *)cache + slots[r] * width;
+            for (int64_t i = 0; i < width; i++) dst[i] = float_to_half(src[i]);
+        } else {
+            memcpy((float *)cache + slots[r] * width, src, (size_t)width * sizeof(float));
+        }
+    }
+}
+
+/* -- the layer --------------------------------------------------------------------------------- */
+
+typedef struct {
+    const void *qweight; /* q4_1: [N, K/2] bytes; q8_0: [N, K] int8 */
+    const float *scales; /* [N, K/32] */
+    const float *mins;   /* [N, K/32], q4_1 only */
+    const float *bias;   /* [N] or NULL */
+    int64_t out_features, in_features;
+    int32_t q4; /* 1: q4_1, 0: q8_0 */
+} TernLinear;
+
+typedef struct {
+    TernLinear qkv, o, gate_up, down;
+    const float *input_norm, *post_norm;
+    float eps, scale;
+    int64_t heads, kv_heads, head_dim, intermediate;
+    void *k_cache, *v_cache; /* [num_blocks, block_size, kv_heads, head_dim] */
+    int32_t half;            /* caches in float16 */
+    int64_t block_size;
+} TernDecoderLayer;
+
+static int linear(const TernLinear *w, const float *x, int64_t M, float *out) {
+    const int64_t N = w->out_features, K = w->in_features;
+    const int status = w->q4 ? tern_matmul_q4_1(x, M, K, (const uint8_t *)w->qweight, w->scales, w->mins, N, out)
+                             : tern_matmul_q8_0(x, M, K, (const int8_t *)w->qweight, w->scales, N, out);
+    if (status == 0 && w->bias)
+        for (int64_t r = 0; r < M; r++)
+            for (int64_t n = 0; n < N; n++) out[r * N + n] += w->bias[n];
+    return status;
+}
+
+static void add_rows(float *hidden, const float *x, int64_t count) {
+    for (int64_t i = 0; i < count; i++) hidden[i] += x[i];
+}
+
+/* out [M, E] = the layer applied to hidden [M, E], one decode row each: row r is a token at the
+ * position whose (cos, sin) rows are given, its K/V go to slots[r], and it attends to the first
+ * context_lens[r] cached tokens of its block table (rows `width` apart). 0, -1 (out of memory) or
+ * a kernel's status. */
+int tern_decoder_layer(const TernDecoderLayer *L, const float *hidden, int64_t M, int64_t E, const float *cos,
+                       const float *sin, int64_t table_stride, const int64_t *slots, const int32_t *block_tables,
+                       int64_t width, const int32_t *context_lens, float *out) {
+    const int64_t H = L->heads, KVH = L->kv_heads, D = L->head_dim, I = L->intermediate;
+    const int64_t qkv_width = (H + 2 * KVH) * D;
+    if (L->qkv.out_features != qkv_width || L->gate_up.out_features != 2 * I || L->o.out_features != E ||
+        L->down.out_features != E)
+        return -2;
+    float *normed = malloc((size_t)(M * E) * sizeof(float));
+    float *qkv = malloc((size_t)(M * qkv_width) * sizeof(float));
+    float *q = malloc((size_t)(M * H * D) * sizeof(float));
+    float *attended = malloc((size_t)(M * H * D) * sizeof(float));
+    float *projected = malloc((size_t)(M * E) * sizeof(float));
+    float *gate_up = malloc((size_t)(M * 2 * I) * sizeof(float));
+    float *activated = malloc((size_t)(M * I) * sizeof(float));
+    int status = -1;
+    if (!normed || !qkv || !q || !attended || !projected || !gate_up || !activated) goto done;
+    memcpy(out, hidden, (size_t)(M * E) * sizeof(float));
+
+    tern_rms_norm(out, L->input_norm, M, E, L->eps, normed);
+    if ((status = linear(&L->qkv, normed, M, qkv))) goto done;
+    rotary(qkv, M, qkv_width, H + KVH, D, cos, sin, table_stride); /* q and k, side by side */
+    store_rows(qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
+    store_rows(qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
+    for (int64_t r = 0; r < M; r++) memcpy(q + r * H * D, qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
+    status = tern_paged_decode_attention(q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, M,
+                                         H, KVH, D, L->block_size, L->scale, attended);
+    if (status || (status = linear(&L->o, attended, M, projected))) goto done;
+    add_rows(out, projected, M * E);
+
+    tern_rms_norm(out, L->post_norm, M, E, L->eps, normed);
+    if ((status = linear(&L->gate_up, normed, M, gate_up))) goto done;
+    tern_silu_mul(gate_up, gate_up + I, M, I, 2 * I, activated);
+    if ((status = linear(&L->down, activated, M, projected))) goto done;
+    add_rows(out, projected, M * E);
+done:
+    free(normed);
+    free(qkv);
+    free(q);
+    free(attended);
+    free(projected);
+    free(gate_up);
+    free(activated);
+    return status;
+}
