@@ -13,36 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
-
-static inline float half_to_float(uint16_t h) {
-#ifdef __F16C__
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
-    uint32_t bits;
-    if (exponent == 0x1F) {
-        bits = sign | 0x7F800000u | (mantissa << 13);
-    } else if (exponent != 0) {
-        bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    } else if (mantissa == 0) {
-        bits = sign;
-    } else { /* subnormal: normalise */
-        int shift = 0;
-        uint32_t m = mantissa;
-        while (!(m & 0x400)) {
-            m <<= 1;
-            shift++;
-        }
-        bits = sign | ((uint32_t)(113 - shift) << 23) | ((m & 0x3FF) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-#endif
-}
+#include "kernels.h"
 
 #define CAT2(a, b) a##_##b
 #define CAT(a, b) CAT2(a, b)

@@ -161,29 +161,35 @@ def unpack_q4_1(packed: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A float weight [N, K] -> int8 codes [N, K] and one scale per block of 32 [N, K / 32]:
-    GGUF's Q8_0 (a Q8_0 tensor dequantized and quantized again gives back its own codes)."""
+    """A float weight [N, K] -> int8 codes [N, K] and one float16 scale per block of 32 [N, K / 32]:
+    GGUF's Q8_0 (a Q8_0 tensor dequantized and quantized again gives back its own codes and scales)."""
     n, k = weight.shape
     blocks = weight.float().reshape(n, k // BLOCK, BLOCK)
     scales = blocks.abs().amax(-1) / 127
     inverse = torch.where(scales == 0, torch.zeros_like(scales), 1 / scales)
     codes = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8)
-    return codes.reshape(n, k).contiguous(), scales.contiguous()
+    return codes.reshape(n, k).contiguous(), scales.half().contiguous()
 
 
 # -- kernels --------------------------------------------------------------------------------------
+
+
+def _half_scales(*tensors: torch.Tensor) -> None:
+    if any(t.dtype != torch.float16 or not t.is_contiguous() for t in tensors):
+        raise KernelError("weight scales and mins are contiguous float16 (as GGUF stores them)")
 
 
 def matmul_q4_1(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 ) -> torch.Tensor:
     """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W from :func:`pack_q4_1`
-    (w = code * scale + min)."""
+    (w = code * scale + min; scales and mins float16)."""
     x = _rows(x)
     m, k = x.shape
     n = qweight.shape[0]
     if qweight.shape[1] * 2 != k or scales.shape != (n, k // BLOCK) or mins.shape != scales.shape:
         raise KernelError(f"rows of {k} do not fit a q4_1 weight {tuple(qweight.shape)}")
+    _half_scales(scales, mins)
     out = torch.empty(m, n, dtype=torch.float32)
     _check(
         _lib().tern_matmul_q4_1(
@@ -200,6 +206,7 @@ def matmul_q8_0(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) ->
     n = qweight.shape[0]
     if qweight.shape[1] != k or scales.shape != (n, k // BLOCK):
         raise KernelError(f"rows of {k} do not fit a q8_0 weight {tuple(qweight.shape)}")
+    _half_scales(scales)
     out = torch.empty(m, n, dtype=torch.float32)
     _check(
         _lib().tern_matmul_q8_0(x.data_ptr(), m, k, qweight.data_ptr(), scales.data_ptr(), n, out.data_ptr())

@@ -20,10 +20,6 @@
 
 #include "kernels.h"
 
-#if defined(__AVX2__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 /* -- SiLU and mul ------------------------------------------------------------------------------ */
 
 /* exp(x) for x in [-87, 88] (inputs are clamped there): Cephes' polynomial, within 2 ulp. The
@@ -104,29 +100,6 @@ static void rotary(float *x, int64_t M, int64_t stride, int64_t heads, int64_t D
     }
 }
 
-/* float32 -> float16, rounding to nearest even (torch's .to(torch.float16)). */
-static inline uint16_t float_to_half(float f) {
-#ifdef __F16C__
-    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
-#else
-    uint32_t x;
-    memcpy(&x, &f, sizeof x);
-    const uint32_t sign = (x >> 16) & 0x8000u;
-    const uint32_t magnitude = x & 0x7FFFFFFFu;
-    if (magnitude >= 0x7F800000u) /* inf or nan */
-        return (uint16_t)(sign | 0x7C00u | (magnitude > 0x7F800000u ? 0x200u : 0u));
-    if (magnitude >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds past 65504 */
-    if (magnitude < 0x38800000u) { /* a float16 subnormal or zero */
-        float value;
-        const uint32_t abs_bits = magnitude;
-        memcpy(&value, &abs_bits, sizeof value);
-        return (uint16_t)(sign | (uint32_t)nearbyintf(value * 16777216.0f)); /* units of 2^-24 */
-    }
-    const uint32_t rounded = magnitude + 0xFFFu + ((magnitude >> 13) & 1u);
-    return (uint16_t)(sign | ((rounded - 0x38000000u) >> 13));
-#endif
-}
-
 /* Copy M rows of `width` floats (rows `stride` apart) into the cache at slots[r]; the cache rows are
  * `width` elements, float16 when `half`. */
 static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width, const int64_t *slots,
@@ -146,8 +119,8 @@ static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width,
 
 typedef struct {
     const void *qweight; /* q4_1: [N, K/2] bytes; q8_0: [N, K] int8 */
-    const float *scales; /* [N, K/32] */
-    const float *mins;   /* [N, K/32], q4_1 only */
+    const uint16_t *scales; /* [N, K/32] float16 */
+    const uint16_t *mins;   /* [N, K/32] float16, q4_1 only */
     const float *bias;   /* [N] or NULL */
     int64_t out_features, in_features;
     int32_t q4; /* 1: q4_1, 0: q8_0 */

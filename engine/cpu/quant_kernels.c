@@ -10,6 +10,9 @@
  *        j and j + 16 of its block);  x . w = dx * sum_blocks(dw * sum(code * qx)) + sum_blocks(m * dx * sum(qx)).
  *   q8_0 weights (GGUF Q8_0): w = q * d, q int8;  x . w = dx * sum_blocks(dw * sum(q * qx)).
  *
+ * d and m are float16, as GGUF stores them (a fifth of a Q4_1 block's bytes; float32 would add a
+ * sixth to the bytes a decode step streams from memory).
+ *
  * Every output element is computed by one thread, in the same order whatever the number of rows or
  * threads, so a row's result does not depend on the batch it is in (the engine's batch independence).
  * The weight is read once per tile of output rows for all rows of x (a GEMM, not one GEMV per row).
@@ -20,9 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
+#include "kernels.h"
 
 #define QK 32       /* elements per block */
 #define TILE_N 16   /* output columns (weight rows) per tile */
@@ -93,8 +94,8 @@ static inline float hsum(__m256 v) {
  * Several elements at once hide the latency of each accumulator's chain of FMAs. */
 typedef struct {
     const uint8_t *qs; /* q4_1: [N, nb, 16] bytes; q8_0: [N, nb, 32] int8 */
-    const float *d;    /* [N, nb] */
-    const float *m;    /* q4_1 only: [N, nb] */
+    const uint16_t *d; /* [N, nb] float16 */
+    const uint16_t *m; /* q4_1 only: [N, nb] float16 */
     int64_t nb;
 } Weights;
 
@@ -102,15 +103,17 @@ typedef struct {
  * dependent additions here cost as much as the whole integer dot product. */
 static inline __attribute__((always_inline)) float min_term(const Weights *w, int64_t n, const QuantizedRows *x,
                                                             int64_t r) {
-    const float *m = w->m + n * w->nb, *s = x->s + r * w->nb;
+    const uint16_t *m = w->m + n * w->nb;
+    const float *s = x->s + r * w->nb;
     int64_t b = 0;
     float total = 0.0f;
-#ifdef __AVX2__
+#if defined(__AVX2__) && defined(__F16C__)
     __m256 acc = _mm256_setzero_ps();
-    for (; b + 8 <= w->nb; b += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(m + b), _mm256_loadu_ps(s + b), acc);
+    for (; b + 8 <= w->nb; b += 8)
+        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b))), _mm256_loadu_ps(s + b), acc);
     total = hsum(acc);
 #endif
-    for (; b < w->nb; b++) total += m[b] * s[b];
+    for (; b < w->nb; b++) total += half_to_float(m[b]) * s[b];
     return total;
 }
 
@@ -132,7 +135,7 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
             const __m128i packed = _mm_loadu_si128((const __m128i *)wb);
             first[j] = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
             second[j] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
-            dw[j] = _mm256_set1_ps(w->d[(n0 + j) * nb + b]);
+            dw[j] = _mm256_set1_ps(half_to_float(w->d[(n0 + j) * nb + b]));
         }
         for (int i = 0; i < RR; i++) {
             const int64_t r = r0 + i;
@@ -164,7 +167,7 @@ static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, co
             _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
             first[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
             second[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-            dw[j] = _mm256_set1_ps(w->d[(n0 + j) * nb + b]);
+            dw[j] = _mm256_set1_ps(half_to_float(w->d[(n0 + j) * nb + b]));
         }
         for (int i = 0; i < RR; i++) {
             const int64_t r = r0 + i;
@@ -194,7 +197,7 @@ static inline void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r
                 const int16_t *qx = x->qs + (r * nb + b) * QK;
                 int sum = 0;
                 for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
-                total += w->d[n * nb + b] * (float)sum;
+                total += half_to_float(w->d[n * nb + b]) * (float)sum;
             }
             out[r * N + n] = total * x->d[r] + min_term(w, n, x, r);
         }
@@ -212,7 +215,7 @@ static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r
                 const int16_t *qx = x->qs + (r * nb + b) * QK;
                 int sum = 0;
                 for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
-                total += w->d[n * nb + b] * (float)sum;
+                total += half_to_float(w->d[n * nb + b]) * (float)sum;
             }
             out[r * N + n] = total * x->d[r];
         }
@@ -261,15 +264,16 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
     return 0;
 }
 
-/* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d and m [N, K/32]. 0 on success. */
-int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *wd,
-                     const float *wm, int64_t N, float *out) {
+/* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d and m [N, K/32] float16. 0 on
+ * success. */
+int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
+                     const uint16_t *wm, int64_t N, float *out) {
     const Weights w = {wq, wd, wm, K / QK};
     return matmul(x, M, K, &w, N, out, 1);
 }
 
-/* out [M, N] = x [M, K] @ dequant(W)^T; W as q8_0: qs [N, K] int8, d [N, K/32]. 0 on success. */
-int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const float *wd, int64_t N,
+/* out [M, N] = x [M, K] @ dequant(W)^T; W as q8_0: qs [N, K] int8, d [N, K/32] float16. 0 on success. */
+int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const uint16_t *wd, int64_t N,
                      float *out) {
     const Weights w = {(const uint8_t *)wq, wd, NULL, K / QK};
     return matmul(x, M, K, &w, N, out, 0);

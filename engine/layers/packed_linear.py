@@ -192,8 +192,9 @@ class Q4CpuLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         repeat = weight.group_size // cpu_kernels.BLOCK
         with torch.no_grad():
-            self.scales = weight.scales.repeat_interleave(repeat, dim=1).float().contiguous()
-            self.mins = weight.mins.repeat_interleave(repeat, dim=1).float().contiguous()
+            # float16, as GGUF stores them (int4_weight() holds them in fp16 precision: no rounding)
+            self.scales = weight.scales.repeat_interleave(repeat, dim=1).half().contiguous()
+            self.mins = weight.mins.repeat_interleave(repeat, dim=1).half().contiguous()
             self.qweight = cpu_kernels.pack_q4_1(weight.codes, self.scales, self.mins)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
 

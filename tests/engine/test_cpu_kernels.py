@@ -22,8 +22,8 @@ pytestmark = pytest.mark.skipif(
 def q4_weight(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 16, (n, k), generator=generator)
-    scales = torch.rand(n, k // 32, generator=generator) * 0.02 + 1e-3
-    mins = -torch.rand(n, k // 32, generator=generator) * 0.15
+    scales = (torch.rand(n, k // 32, generator=generator) * 0.02 + 1e-3).half()
+    mins = (-torch.rand(n, k // 32, generator=generator) * 0.15).half()
     return kernels.pack_q4_1(codes, scales, mins), scales, mins
 
 
@@ -73,11 +73,11 @@ def test_q8_0_matmul_matches_reference(rows: int) -> None:
 def test_q8_0_requantization_gives_a_q8_0_tensor_its_codes_back() -> None:
     codes = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
     codes[:, ::32] = 127  # every block reaches the full range, as GGUF's quantizer makes it
-    scales = torch.rand(8, 2) + 0.01
-    weight = (codes.float().reshape(8, 2, 32) * scales[..., None]).reshape(8, 64)
+    scales = (torch.rand(8, 2) + 0.01).half()  # float16, as GGUF stores them
+    weight = (codes.float().reshape(8, 2, 32) * scales.float()[..., None]).reshape(8, 64)
     again, again_scales = kernels.quantize_q8_0(weight)
     assert torch.equal(again, codes)
-    torch.testing.assert_close(again_scales, scales)
+    assert torch.equal(again_scales, scales)
 
 
 def test_rows_do_not_depend_on_the_batch_or_the_thread_count() -> None:
@@ -119,6 +119,8 @@ def test_bad_input_is_refused_in_one_line() -> None:
     qweight, scales, mins = q4_weight(16, 64)
     with pytest.raises(kernels.KernelError, match="float32"):
         kernels.matmul_q4_1(torch.randn(2, 64, dtype=torch.float64), qweight, scales, mins)
+    with pytest.raises(kernels.KernelError, match="float16"):
+        kernels.matmul_q4_1(torch.randn(2, 64), qweight, scales.float(), mins.float())
     with pytest.raises(kernels.KernelError, match="blocks of 32"):
         kernels.pack_q4_1(torch.zeros(2, 40, dtype=torch.long), torch.ones(2, 1), torch.zeros(2, 1))
 
