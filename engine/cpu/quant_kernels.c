@@ -41,16 +41,38 @@
  * than the bf16 rounding of torch's kernels. */
 static void quantize_row(const float *x, int64_t K, int16_t *qs, float *d, float *s) {
     float amax = 0.0f;
-    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+    int64_t k = 0;
+#ifdef __AVX2__ /* the same values as the scalar loops below (a max is exact; cvtps rounds to even) */
+    __m256 vmax = _mm256_setzero_ps();
+    for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + k)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+#endif
+    for (; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
     const float scale = amax / QMAX;
     const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
     for (int64_t b = 0; b < K / QK; b++) {
         int sum = 0;
+#ifdef __AVX2__
+        __m256i sums = _mm256_setzero_si256();
+        for (int j = 0; j < QK; j += 8) {
+            const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * QK + j), _mm256_set1_ps(inv)));
+            sums = _mm256_add_epi32(sums, q);
+            const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+            _mm_storeu_si128((__m128i *)(qs + b * QK + j), packed);
+        }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
+        sum = _mm_cvtsi128_si32(s4);
+#else
         for (int j = 0; j < QK; j++) {
             const int q = (int)nearbyintf(x[b * QK + j] * inv);
             qs[b * QK + j] = (int16_t)q;
             sum += q;
         }
+#endif
         s[b] = scale * (float)sum;
     }
     *d = scale;
@@ -118,11 +140,16 @@ static inline __attribute__((always_inline)) float min_term(const Weights *w, in
 }
 
 #ifdef __AVX2__
+/* One float16 scale, converted and broadcast to 8 lanes (two instructions). */
+static inline __m256 broadcast_half(const uint16_t *h) {
+    return _mm256_cvtph_ps(_mm_set1_epi16((short)*h));
+}
+
 static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r0,
                                                             int64_t n0, int64_t N, float *out, const int RR,
                                                             const int CC) {
     const int64_t nb = w->nb;
-    const __m128i low = _mm_set1_epi8(0x0F);
+    const __m256i low = _mm256_set1_epi16(0x0F);
     __m256 acc[4][4];
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
@@ -132,10 +159,11 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
         for (int j = 0; j < CC; j++) {
             const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * 16;
             _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-            const __m128i packed = _mm_loadu_si128((const __m128i *)wb);
-            first[j] = _mm256_cvtepu8_epi16(_mm_and_si128(packed, low));
-            second[j] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), low));
-            dw[j] = _mm256_set1_ps(half_to_float(w->d[(n0 + j) * nb + b]));
+            /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
+            const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
+            first[j] = _mm256_and_si256(bytes, low);
+            second[j] = _mm256_srli_epi16(bytes, 4);
+            dw[j] = broadcast_half(w->d + (n0 + j) * nb + b);
         }
         for (int i = 0; i < RR; i++) {
             const int64_t r = r0 + i;
@@ -167,7 +195,7 @@ static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, co
             _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
             first[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
             second[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-            dw[j] = _mm256_set1_ps(half_to_float(w->d[(n0 + j) * nb + b]));
+            dw[j] = broadcast_half(w->d + (n0 + j) * nb + b);
         }
         for (int i = 0; i < RR; i++) {
             const int64_t r = r0 + i;
