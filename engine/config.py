@@ -51,8 +51,9 @@ class EngineConfig:
     16 sequences run faster, at the cost of a second copy of the weights (engine/layers/packed_linear.py)."""
     speculative: str = "ngram"
     """ngram | off: n-gram (prompt-lookup) speculative decoding (engine/core/speculative.py)."""
-    num_speculative_tokens: int = 8
-    """Most draft tokens proposed per sequence per step."""
+    num_speculative_tokens: int = 4
+    """Most draft tokens proposed per sequence per step. 4, not 8, since the C kernels made a one-row
+    step 2.6x faster: verifying rows became dearer relative to it (docs/engine.md, speculation)."""
     ngram_min: int = 2
     """Shortest suffix n-gram looked up in the sequence's earlier tokens."""
     ngram_max: int = 4
