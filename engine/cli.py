@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="weight quantization (default: what the checkpoint holds; int4/bitnet quantize a float one)",
     )
     p.add_argument(
+        "--cpu-kernels",
+        choices=["auto", "c", "torch"],
+        default=defaults.cpu_kernels,
+        help="the CPU fast path's kernels: auto (the C kernels where the CPU has no native bf16, "
+        "torch's bf16 ones where it has), c (the C kernels, float32 activations) or torch",
+    )
+    p.add_argument(
         "--no-pack-cpu-linears",
         dest="pack_cpu_linears",
         action="store_false",

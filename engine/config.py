@@ -20,6 +20,10 @@ class EngineConfig:
     """auto | float32 | float16 | bfloat16. auto is bfloat16 on CUDA, and on a CPU with native bf16
     arithmetic (AVX512-BF16 or AMX); float32 elsewhere. float32 is the exact path that matches
     transformers; bfloat16 on CPU is the fast path (docs/engine.md, "The CPU fast path")."""
+    cpu_kernels: str = "auto"
+    """auto | c | torch: the kernels of the CPU fast path (``--dtype auto``). auto: the C kernels of
+    ``engine/cpu`` in float32 where the CPU has no native bf16, torch's bf16 kernels where it has;
+    c: the C kernels on any CPU (float32 activations); torch: torch's kernels everywhere."""
     block_size: int = 16
     """Tokens per KV-cache block (a power of two for the CUDA kernel)."""
     kv_cache_gib: float | None = None
@@ -64,6 +68,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.cpu_kernels not in ("auto", "c", "torch"):
+            raise ValueError(f"cpu_kernels must be auto, c or torch, not {self.cpu_kernels!r}")
         if self.quant not in ("auto", "none", "int4", "bitnet"):
             raise ValueError(f"quant must be auto, none, int4 or bitnet, not {self.quant!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):
@@ -90,7 +96,7 @@ class EngineConfig:
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
-            fast_bf16 = device.type == "cuda" or cpu_has_native_bf16()
+            fast_bf16 = device.type == "cuda" or (self.cpu_kernels != "c" and cpu_has_native_bf16())
             return torch.bfloat16 if fast_bf16 else torch.float32
         return getattr(torch, self.dtype)
 

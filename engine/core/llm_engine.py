@@ -136,7 +136,11 @@ class LLMEngine:
         loaded = load_model(config.model, device, dtype, quant=config.quant, keep_gguf_int4=fast_cpu)
         if config.pack_cpu_linears and device.type == "cpu":
             # This engine loaded the model, so it may rewrite its modules.
-            pack_cpu_linears(loaded.model, int4_in_float32=fast_cpu and dtype == torch.float32)
+            pack_cpu_linears(
+                loaded.model,
+                int4_in_float32=fast_cpu and dtype == torch.float32,
+                c_kernels=config.cpu_kernels != "torch",
+            )
         release_freed_memory()
         return cls(
             config,

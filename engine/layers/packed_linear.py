@@ -245,17 +245,17 @@ class Q8CpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
-def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
+def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kernels: bool = True) -> int:
     """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
 
     - bfloat16 (after fusing q/k/v and gate/up where the model can): ``Int4Linear`` by
       ``Int4PackedCpuLinear``, ``nn.Linear`` by ``OneDnnPackedLinear`` where oneDNN can (native bf16);
     - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
       GGUF with its Q4 linears kept), after fusing: ``Int4Linear`` by ``Q4CpuLinear`` and ``nn.Linear``
-      (the lm_head) by ``Q8CpuLinear`` where the C kernels build, else by ``Int4PackedCpuLinear`` and
-      ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels, RMSNorm, SiLU-and-mul and decode
-      attention take theirs too (``c_kernel``), and each Llama layer runs decode steps in one C call
-      (``engine/cpu/decoder_layer.py``);
+      (the lm_head) by ``Q8CpuLinear`` where the C kernels build and ``c_kernels`` allows them, else
+      by ``Int4PackedCpuLinear`` and ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels,
+      RMSNorm, SiLU-and-mul and decode attention take theirs too (``c_kernel``), and each Llama
+      layer runs decode steps in one C call (``engine/cpu/decoder_layer.py``);
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
@@ -268,7 +268,7 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False) -> int:
         pack_dense = MklPackedLinear if dtype == torch.float32 and mkl_packing_available() else None
     if int4_kernels and hasattr(model, "fuse_projections"):
         model.fuse_projections()
-    c_kernels = dtype == torch.float32 and int4_in_float32 and cpu_kernels.available()
+    c_kernels = c_kernels and dtype == torch.float32 and int4_in_float32 and cpu_kernels.available()
     replaced = 0
     for name, module in list(model.named_modules()):
         new: nn.Module | None = None

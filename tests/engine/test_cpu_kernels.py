@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from engine.core.context import make_context, reset_context, set_context
 from engine.cpu import kernels
 from engine.cpu.decoder_layer import DecoderLayerKernel
-from engine.layers.packed_linear import Q4CpuLinear, Q8CpuLinear, pack_cpu_linears
+from engine.layers.packed_linear import Int4PackedCpuLinear, Q4CpuLinear, Q8CpuLinear, pack_cpu_linears
 from engine.layers.quant.linear import Int4Linear
 from engine.models.llama import LlamaForCausalLM
 from tests.engine.tiny_engine import make_tiny_model
@@ -220,3 +220,15 @@ def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bia
             for layer, kernel in zip(layers, kernels_before, strict=True):
                 layer.decode_kernel = kernel
         assert torch.equal(fused, op_by_op)
+
+
+def test_torch_kernels_can_be_chosen_instead() -> None:
+    """``--cpu-kernels torch`` packs torch's int4/int8 linears and leaves the layers op by op."""
+    model, _ = make_tiny_model(hidden_size=64, intermediate_size=96)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and name != "lm_head":
+            model.set_submodule(name, Int4Linear.from_linear(module, group_size=32))
+    pack_cpu_linears(model, int4_in_float32=True, c_kernels=False)
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, Int4PackedCpuLinear)
+    assert layer.decode_kernel is None and not layer.input_layernorm.c_kernel

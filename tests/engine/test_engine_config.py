@@ -1,4 +1,4 @@
-"""EngineConfig's resolved defaults: the torch thread count."""
+"""EngineConfig's resolved defaults: the torch thread count, the CPU fast path's dtype."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 import os
 
 import pytest
+import torch
 
 from engine import config as config_module
 from engine.cli import ProbeAccessFilter
@@ -47,3 +48,18 @@ def test_probe_requests_are_left_out_of_the_access_log() -> None:
     assert keep(record("/v1/chat/completions"))
     assert keep(record("/rpc/v1/generate"))
     assert keep(logging.LogRecord("uvicorn.access", logging.INFO, "", 0, "no args", None, None))
+
+
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_cpu_kernels_choose_the_fast_paths_dtype(monkeypatch: pytest.MonkeyPatch, native_bf16: bool) -> None:
+    """``--cpu-kernels c`` computes in float32 (the C kernels' path) even where bf16 is native; auto
+    and torch keep bf16 there."""
+    monkeypatch.setattr(config_module, "cpu_has_native_bf16", lambda: native_bf16)
+    cpu = torch.device("cpu")
+    assert EngineConfig(cpu_kernels="c").resolved_dtype(cpu) == torch.float32
+    for kernels in ("auto", "torch"):
+        expected = torch.bfloat16 if native_bf16 else torch.float32
+        assert EngineConfig(cpu_kernels=kernels).resolved_dtype(cpu) == expected
+    assert EngineConfig(cpu_kernels="c", dtype="bfloat16").resolved_dtype(cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="cpu_kernels must be auto, c or torch"):
+        EngineConfig(cpu_kernels="fast")
