@@ -251,7 +251,7 @@ static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r
 #endif
 
 /* One tile of TILE_N weight rows against all rows of x: 4 x 2 micro-kernels while 4 rows remain,
- * then 1 x 4; weight rows past a multiple of the micro-kernel's width one at a time. */
+ * then 3 x 2 or 2 x 2 for a tail of 3 or 2 rows, else 1 x 2; an odd last weight row alone. */
 #define TILE_LOOP(TILE_FN)                                                                        \
     do {                                                                                          \
         int64_t r0 = 0;                                                                           \
@@ -259,6 +259,17 @@ static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r
             int64_t n = n_begin;                                                                  \
             for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 4, 2);                   \
             for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 4, 1);                           \
+        }                                                                                         \
+        if (M - r0 >= 2) { /* 2 or 3 rows left (a verification step's drafts): unpack once */    \
+            int64_t n = n_begin;                                                                  \
+            if (M - r0 == 3) {                                                                    \
+                for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 3, 2);               \
+                for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 3, 1);                       \
+            } else {                                                                              \
+                for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 2, 2);               \
+                for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 2, 1);                       \
+            }                                                                                     \
+            r0 = M;                                                                               \
         }                                                                                         \
         for (; r0 < M; r0++) {                                                                    \
             int64_t n = n_begin;                                                                  \
