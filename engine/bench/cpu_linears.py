@@ -7,7 +7,9 @@ Q8_0 lm_head), times ``Int4PackedCpuLinear`` / ``Int8PackedCpuLinear`` (torch's
 ``_weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` on bf16-rounded rows) and ``Q4CpuLinear`` /
 ``Q8CpuLinear`` on the same weights, interleaved in one process, best of ``--repeats`` windows (the
 machine is shared: the best window is the least disturbed one). Prints one JSON object with µs per
-call and the weight bytes each call reads per µs (GB/s), for every shape and row count.
+call and the weight bytes each call reads per µs (GB/s), for every shape and row count, and
+``decode_step_linears``: all 120 decoder linears of one step, each its own weight read from memory
+(as serving reads them), in ms per step.
 """
 
 from __future__ import annotations
@@ -50,12 +52,46 @@ def best_time(fn: Callable[[], object], calls: int, repeats: int) -> float:
 
 
 def layers(name: str, k: int, n: int) -> tuple[nn.Module, nn.Module, int]:
-    """(torch's kernel, the C kernel, weight bytes a call reads) for one shape."""
+    """(torch's kernel, the C kernel, weight bytes a C call reads) for one shape (float16 scales)."""
     if name == "lm_head":
         linear = nn.Linear(k, n, bias=False)
-        return Int8PackedCpuLinear(linear), Q8CpuLinear(linear), n * k + n * k // 32 * 4
+        return Int8PackedCpuLinear(linear), Q8CpuLinear(linear), n * k + n * k // 32 * 2
     int4 = Int4Linear.from_linear(nn.Linear(k, n, bias=False), group_size=32)
-    return Int4PackedCpuLinear(int4), Q4CpuLinear(int4), n * k // 2 + 2 * n * k // 32 * 4
+    return Int4PackedCpuLinear(int4), Q4CpuLinear(int4), n * k // 2 + 2 * n * k // 32 * 2
+
+
+def decode_step_linears(rows_list: list[int], repeats: int, num_layers: int = 30) -> list[dict[str, object]]:
+    """The decoder linears of one step of the whole model: ``num_layers`` copies of each shape, each
+    its own weight, so every call reads its weight from memory as a served step does (the per-shape
+    figures above repeat one call on a weight the cache keeps warm)."""
+    decoder = [
+        (k, *layers(name, k, n))
+        for _ in range(num_layers)
+        for name, (k, n) in SHAPES.items()
+        if name != "lm_head"
+    ]
+    weight_bytes = sum(bytes_read for _, _, _, bytes_read in decoder)
+    results: list[dict[str, object]] = []
+    for rows in rows_list:
+        inputs = {k: torch.randn(rows, k) for k in {k for k, *_ in decoder}}
+
+        def step(kernel: int, inputs: dict[int, torch.Tensor] = inputs) -> None:
+            for k, *modules, _ in decoder:
+                modules[kernel](inputs[k])
+
+        torch_s = best_time(lambda: step(0), 1, repeats)
+        c_s = best_time(lambda: step(1), 1, repeats)
+        results.append(
+            {
+                "layers": num_layers,
+                "rows": rows,
+                "torch_ms": round(torch_s * 1e3, 2),
+                "c_ms": round(c_s * 1e3, 2),
+                "speedup": round(torch_s / c_s, 2),
+                "c_weight_gb_s": round(weight_bytes / c_s / 1e9, 2),
+            }
+        )
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                         "c_weight_gb_s": round(weight_bytes / c_s / 1e9, 2),
                     }
                 )
+        step = decode_step_linears(args.rows, args.repeats)
     report = {
         "benchmark": "cpu_linears",
         "cpu": cpu_model(),
@@ -101,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": torch.get_num_threads(),
         "commit": git_commit(),
         "results": results,
+        "decode_step_linears": step,
     }
     print(json.dumps(report))
     return 0
