@@ -100,12 +100,15 @@ class DecoderLayerKernel:
             and mlp.act.c_kernel
             and layer.input_layernorm.c_kernel
             and layer.post_attention_layernorm.c_kernel
+            and layer.input_layernorm.eps == layer.post_attention_layernorm.eps  # the struct holds one
         )
 
     def _layer_struct(self) -> _Layer:
         attention, mlp, layer = self.layer.self_attn, self.layer.mlp, self.layer
         k_cache, v_cache = attention.attn.k_cache, attention.attn.v_cache
         if self._struct is None or self._cache_address != k_cache.data_ptr():
+            if k_cache.dtype not in (torch.float16, torch.float32):
+                raise cpu_kernels.KernelError("the decoder layer kernel takes a float16 or float32 cache")
             self._struct = _Layer(
                 _linear(attention.qkv_proj),
                 _linear(attention.o_proj),
@@ -129,15 +132,8 @@ class DecoderLayerKernel:
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
         ctx = get_context()
-        attention = self.layer.self_attn.attn
-        if (
-            ctx.num_seqs == 0
-            or ctx.is_prefill
-            or attention.k_cache.numel() == 0
-            or attention.k_cache.dtype not in (torch.float16, torch.float32)
-            or hidden.dtype != torch.float32
-            or self.layer.input_layernorm.eps != self.layer.post_attention_layernorm.eps
-        ):
+        uncached = self.layer.self_attn.attn.k_cache.numel() == 0
+        if ctx.num_seqs == 0 or ctx.is_prefill or uncached or hidden.dtype != torch.float32:
             return None
         return cpu_kernels.decoder_layer(
             ctypes.byref(self._layer_struct()),

@@ -250,32 +250,27 @@ static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r
 }
 #endif
 
-/* One tile of TILE_N weight rows against all rows of x: 4 x 2 micro-kernels while 4 rows remain,
- * then 3 x 2 or 2 x 2 for a tail of 3 or 2 rows, else 1 x 2; an odd last weight row alone. */
+/* One tile of TILE_N weight rows against RR rows of x from r0: 2 weight rows at a time, an odd last
+ * one alone. RR is a constant at each use, so each micro-kernel is compiled for its shape. */
+#define COLUMNS(TILE_FN, RR)                                                                      \
+    do {                                                                                          \
+        int64_t n = n_begin;                                                                      \
+        for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, RR, 2);                      \
+        for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, RR, 1);                              \
+    } while (0)
+
+/* One tile against all rows of x: 4 rows at a time, then a tail of 3, 2 or 1 (a verification
+ * step's drafts) in one micro-kernel, so the weights are unpacked once for it. */
 #define TILE_LOOP(TILE_FN)                                                                        \
     do {                                                                                          \
         int64_t r0 = 0;                                                                           \
-        for (; r0 + 4 <= M; r0 += 4) {                                                            \
-            int64_t n = n_begin;                                                                  \
-            for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 4, 2);                   \
-            for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 4, 1);                           \
-        }                                                                                         \
-        if (M - r0 >= 2) { /* 2 or 3 rows left (a verification step's drafts): unpack once */    \
-            int64_t n = n_begin;                                                                  \
-            if (M - r0 == 3) {                                                                    \
-                for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 3, 2);               \
-                for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 3, 1);                       \
-            } else {                                                                              \
-                for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 2, 2);               \
-                for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 2, 1);                       \
-            }                                                                                     \
-            r0 = M;                                                                               \
-        }                                                                                         \
-        for (; r0 < M; r0++) {                                                                    \
-            int64_t n = n_begin;                                                                  \
-            for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, 1, 2);                   \
-            for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, 1, 1);                           \
-        }                                                                                         \
+        for (; r0 + 4 <= M; r0 += 4) COLUMNS(TILE_FN, 4);                                         \
+        if (M - r0 == 3)                                                                          \
+            COLUMNS(TILE_FN, 3);                                                                  \
+        else if (M - r0 == 2)                                                                     \
+            COLUMNS(TILE_FN, 2);                                                                  \
+        else if (M - r0 == 1)                                                                     \
+            COLUMNS(TILE_FN, 1);                                                                  \
     } while (0)
 
 static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_t N, float *out, int q4) {
