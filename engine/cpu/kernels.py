@@ -115,7 +115,7 @@ def library() -> ctypes.CDLL | None:
     lib.tern_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, ptr]
     lib.tern_silu_mul.restype = None
     # layer, hidden, M, E, cos, sin, table_stride, slots, block_tables, width, context_lens, out
-    lib.tern_decoder_layer.argtypes = [ptr, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr]
+    lib.tern_decoder_layers.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr]
     return lib
 
 
@@ -278,8 +278,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
-def decoder_layer(
-    layer: object,
+def decoder_layers(
+    layers: ctypes.Array,
     hidden: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
@@ -287,22 +287,24 @@ def decoder_layer(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
 ) -> torch.Tensor:
-    """One decoder layer over decode rows hidden [M, E] (``engine/cpu/decoder_layer.py`` builds
-    ``layer``, a pointer to its C struct): cos and sin [M, ..., D] float32 rows, slots [M] int64,
-    block_tables [M, width] and context_lens [M] int32, as the step's context holds them."""
+    """Every decoder layer in ``layers`` (a ctypes array of their C structs, which
+    ``engine/cpu/decoder_layer.py`` builds), one after the other, over decode rows hidden [M, E]:
+    cos and sin [M, ..., D] float32 rows, slots [M] int64, block_tables [M, width] and context_lens
+    [M] int32, as the step's context holds them."""
     hidden = _rows(hidden)
     if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
-        raise KernelError("the decoder layer takes float32 rotary tables")
+        raise KernelError("the decoder layers take float32 rotary tables")
     if cos.stride(0) != sin.stride(0):
-        raise KernelError("the decoder layer takes cos and sin rows the same distance apart")
+        raise KernelError("the decoder layers take cos and sin rows the same distance apart")
     slots = slots.to(torch.int64).contiguous()
     tables = block_tables.to(torch.int32).contiguous()
     lens = context_lens.to(torch.int32).contiguous()
     rows, width = hidden.shape
     out = torch.empty_like(hidden)
     _check(
-        _lib().tern_decoder_layer(
-            layer,
+        _lib().tern_decoder_layers(
+            layers,
+            len(layers),
             hidden.data_ptr(),
             rows,
             width,

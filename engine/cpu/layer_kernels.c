@@ -1,8 +1,8 @@
-/* A whole Llama decoder layer for decode rows (one new token per row), in one call.
+/* Every Llama decoder layer of a model for decode rows (one new token per row), in one call.
  *
- * A decode step at one stream spends as long in Python and in the few hundred small torch ops
+ * A decode step at one stream spent as long in Python and in the few hundred small torch ops
  * between the kernels (views, rotary, the KV store, SiLU, residual adds, each kernel's wrapper) as
- * in the kernels themselves. This runs the layer's kernels back to back instead:
+ * in the kernels themselves. This runs each layer's kernels back to back instead:
  *
  *   hidden += o_proj(attention(rotary(qkv_proj(rms_norm(hidden)))))    (K/V stored in the cache)
  *   hidden += down_proj(silu(gate) * up), gate | up = gate_up_proj(rms_norm(hidden))
@@ -150,52 +150,85 @@ static void add_rows(float *hidden, const float *x, int64_t count) {
     for (int64_t i = 0; i < count; i++) hidden[i] += x[i];
 }
 
-/* out [M, E] = the layer applied to hidden [M, E], one decode row each: row r is a token at the
+/* The layer's intermediate rows, allocated once per step for all layers. */
+typedef struct {
+    float *normed, *qkv, *q, *attended, *projected, *gate_up, *activated;
+} Workspace;
+
+static void free_workspace(Workspace *ws) {
+    free(ws->normed);
+    free(ws->qkv);
+    free(ws->q);
+    free(ws->attended);
+    free(ws->projected);
+    free(ws->gate_up);
+    free(ws->activated);
+}
+
+/* Buffers for M rows of the layer L (every layer of a stack has the same shapes). 0 or -1. */
+static int alloc_workspace(Workspace *ws, const TernDecoderLayer *L, int64_t M, int64_t E) {
+    const int64_t H = L->heads, KVH = L->kv_heads, D = L->head_dim, I = L->intermediate;
+    ws->normed = malloc((size_t)(M * E) * sizeof(float));
+    ws->qkv = malloc((size_t)(M * (H + 2 * KVH) * D) * sizeof(float));
+    ws->q = malloc((size_t)(M * H * D) * sizeof(float));
+    ws->attended = malloc((size_t)(M * H * D) * sizeof(float));
+    ws->projected = malloc((size_t)(M * E) * sizeof(float));
+    ws->gate_up = malloc((size_t)(M * 2 * I) * sizeof(float));
+    ws->activated = malloc((size_t)(M * I) * sizeof(float));
+    return ws->normed && ws->qkv && ws->q && ws->attended && ws->projected && ws->gate_up && ws->activated ? 0 : -1;
+}
+
+static int same_shapes(const TernDecoderLayer *a, const TernDecoderLayer *b) {
+    return a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           a->intermediate == b->intermediate;
+}
+
+/* The layer L applied in place to hidden [M, E], one decode row each: row r is a token at the
  * position whose (cos, sin) rows are given, its K/V go to slots[r], and it attends to the first
- * context_lens[r] cached tokens of its block table (rows `width` apart). 0, -1 (out of memory) or
- * a kernel's status. */
-int tern_decoder_layer(const TernDecoderLayer *L, const float *hidden, int64_t M, int64_t E, const float *cos,
-                       const float *sin, int64_t table_stride, const int64_t *slots, const int32_t *block_tables,
-                       int64_t width, const int32_t *context_lens, float *out) {
+ * context_lens[r] cached tokens of its block table (rows `width` apart). 0 or a kernel's status. */
+static int decoder_layer(const TernDecoderLayer *L, float *hidden, int64_t M, int64_t E, const float *cos,
+                         const float *sin, int64_t table_stride, const int64_t *slots, const int32_t *block_tables,
+                         int64_t width, const int32_t *context_lens, const Workspace *ws) {
     const int64_t H = L->heads, KVH = L->kv_heads, D = L->head_dim, I = L->intermediate;
     const int64_t qkv_width = (H + 2 * KVH) * D;
     if (L->qkv.out_features != qkv_width || L->gate_up.out_features != 2 * I || L->o.out_features != E ||
         L->down.out_features != E)
         return -2;
-    float *normed = malloc((size_t)(M * E) * sizeof(float));
-    float *qkv = malloc((size_t)(M * qkv_width) * sizeof(float));
-    float *q = malloc((size_t)(M * H * D) * sizeof(float));
-    float *attended = malloc((size_t)(M * H * D) * sizeof(float));
-    float *projected = malloc((size_t)(M * E) * sizeof(float));
-    float *gate_up = malloc((size_t)(M * 2 * I) * sizeof(float));
-    float *activated = malloc((size_t)(M * I) * sizeof(float));
-    int status = -1;
-    if (!normed || !qkv || !q || !attended || !projected || !gate_up || !activated) goto done;
+    int status;
+    tern_rms_norm(hidden, L->input_norm, M, E, L->eps, ws->normed);
+    if ((status = linear(&L->qkv, ws->normed, M, ws->qkv))) return status;
+    rotary(ws->qkv, M, qkv_width, H + KVH, D, cos, sin, table_stride); /* q and k, side by side */
+    store_rows(ws->qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
+    store_rows(ws->qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
+    for (int64_t r = 0; r < M; r++) memcpy(ws->q + r * H * D, ws->qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
+    status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens,
+                                         M, H, KVH, D, L->block_size, L->scale, ws->attended);
+    if (status || (status = linear(&L->o, ws->attended, M, ws->projected))) return status;
+    add_rows(hidden, ws->projected, M * E);
+
+    tern_rms_norm(hidden, L->post_norm, M, E, L->eps, ws->normed);
+    if ((status = linear(&L->gate_up, ws->normed, M, ws->gate_up))) return status;
+    tern_silu_mul(ws->gate_up, ws->gate_up + I, M, I, 2 * I, ws->activated);
+    if ((status = linear(&L->down, ws->activated, M, ws->projected))) return status;
+    add_rows(hidden, ws->projected, M * E);
+    return 0;
+}
+
+/* out [M, E] = layers[count - 1](... layers[0](hidden)), decode rows as decoder_layer takes them:
+ * the whole stack in one call, because the Python between one call per layer cost a tenth of a
+ * one-stream step. 0, -1 (out of memory), -2 (layers of different shapes) or a kernel's status. */
+int tern_decoder_layers(const TernDecoderLayer *layers, int64_t count, const float *hidden, int64_t M, int64_t E,
+                        const float *cos, const float *sin, int64_t table_stride, const int64_t *slots,
+                        const int32_t *block_tables, int64_t width, const int32_t *context_lens, float *out) {
+    for (int64_t i = 1; i < count; i++)
+        if (!same_shapes(&layers[0], &layers[i])) return -2;
     memcpy(out, hidden, (size_t)(M * E) * sizeof(float));
-
-    tern_rms_norm(out, L->input_norm, M, E, L->eps, normed);
-    if ((status = linear(&L->qkv, normed, M, qkv))) goto done;
-    rotary(qkv, M, qkv_width, H + KVH, D, cos, sin, table_stride); /* q and k, side by side */
-    store_rows(qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
-    store_rows(qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
-    for (int64_t r = 0; r < M; r++) memcpy(q + r * H * D, qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
-    status = tern_paged_decode_attention(q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, M,
-                                         H, KVH, D, L->block_size, L->scale, attended);
-    if (status || (status = linear(&L->o, attended, M, projected))) goto done;
-    add_rows(out, projected, M * E);
-
-    tern_rms_norm(out, L->post_norm, M, E, L->eps, normed);
-    if ((status = linear(&L->gate_up, normed, M, gate_up))) goto done;
-    tern_silu_mul(gate_up, gate_up + I, M, I, 2 * I, activated);
-    if ((status = linear(&L->down, activated, M, projected))) goto done;
-    add_rows(out, projected, M * E);
-done:
-    free(normed);
-    free(qkv);
-    free(q);
-    free(attended);
-    free(projected);
-    free(gate_up);
-    free(activated);
+    if (count == 0) return 0;
+    Workspace ws;
+    int status = alloc_workspace(&ws, &layers[0], M, E);
+    for (int64_t i = 0; i < count && status == 0; i++)
+        status = decoder_layer(&layers[i], out, M, E, cos, sin, table_stride, slots, block_tables, width, context_lens,
+                               &ws);
+    free_workspace(&ws);
     return status;
 }

@@ -99,7 +99,7 @@ def _stacked_linear(owner: nn.Module, names: tuple[str, ...]) -> nn.Module | Non
 
 
 DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]
-"""(hidden, cos, sin) -> the layer's output, or None where the kernel does not apply to the step."""
+"""(hidden, cos, sin) -> the decoder layers' output, or None where the kernel does not apply to the step."""
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -113,13 +113,8 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.mlp_cls(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.decode_kernel: DecodeKernel | None = None
-        """Set on the float32 CPU fast path: the whole layer in one C call for a step of decode rows
-        only (``engine/cpu/decoder_layer.py``); it returns None for other steps."""
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        if self.decode_kernel is not None and (out := self.decode_kernel(hidden, cos, sin)) is not None:
-            return out
         hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
@@ -135,6 +130,9 @@ class LlamaModel(nn.Module):
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
+        self.decode_kernel: DecodeKernel | None = None
+        """Set on the float32 CPU fast path: every layer in one C call for a step of decode rows only
+        (``engine/cpu/decoder_layer.py``); it returns None for other steps."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -144,6 +142,8 @@ class LlamaModel(nn.Module):
             # The residual stream in float32: 30 layers of bf16 additions lose enough to flip near-tied
             # greedy choices. Norms hand the layers bf16 again, so the GEMMs stay bf16.
             hidden = hidden.float()
+        if self.decode_kernel is not None and (out := self.decode_kernel(hidden, cos, sin)) is not None:
+            return self.norm(out)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin)
         return self.norm(hidden)

@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from engine.core.context import make_context, reset_context, set_context
 from engine.cpu import kernels
-from engine.cpu.decoder_layer import DecoderLayerKernel
+from engine.cpu.decoder_layer import DecoderLayersKernel
 from engine.layers.packed_linear import Int4PackedCpuLinear, Q4CpuLinear, Q8CpuLinear, pack_cpu_linears
 from engine.layers.quant.linear import Int4Linear
 from engine.models.llama import LlamaForCausalLM
@@ -44,9 +44,10 @@ def test_activation_quantizer_matches_reference() -> None:
     assert torch.equal(codes, ref_codes)
     torch.testing.assert_close(scales, ref_scales, rtol=0, atol=0)
     torch.testing.assert_close(sums, ref_sums, rtol=1e-6, atol=1e-6)
-    # 15 bits against the row's largest value: the round trip is close to the input
+    # 15 bits against the row's largest value: the round trip is within half a step of the input
+    # (and the float rounding of x / scale and of code * scale: a few ulp of x)
     back = codes.float() * scales[:, None]
-    assert ((back - x).abs() <= scales[:, None] / 2 + 1e-9).all()
+    assert ((back - x).abs() <= scales[:, None] / 2 + 4e-7 * x.abs()).all()
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
@@ -171,11 +172,12 @@ def fast_tiny_model(attention_bias: bool) -> LlamaForCausalLM:
 
 @pytest.mark.parametrize("attention_bias", [False, True])
 def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bias: bool) -> None:
-    """A decode step through the one-call C layer gives exactly what the layer's torch path (the
+    """A decode step through the one-call C layers gives exactly what the layers' torch path (the
     same kernels, op by op) gives, so the engine may mix the two from step to step."""
     model = fast_tiny_model(attention_bias)
     layers = model.model.layers
-    assert all(isinstance(layer.decode_kernel, DecoderLayerKernel) for layer in layers)
+    kernel = model.model.decode_kernel
+    assert isinstance(kernel, DecoderLayersKernel) and kernel.layers == list(layers)
     attention = [layer.self_attn.attn for layer in layers]
     block_size, kv_heads, dim = 4, attention[0].num_kv_heads, attention[0].head_dim
     cache = torch.zeros(2, len(layers), 16, block_size, kv_heads, dim, dtype=torch.float16)
@@ -211,14 +213,11 @@ def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bia
     for sequences in ([0, 1, 2], [2]):
         args = (sequences, [[7 + seq] for seq in sequences], [len(prompts[seq]) for seq in sequences])
         fused = run(*args)
-        kernels_before = [layer.decode_kernel for layer in layers]
-        for layer in layers:
-            layer.decode_kernel = None
+        model.model.decode_kernel = None
         try:
             op_by_op = run(*args)
         finally:
-            for layer, kernel in zip(layers, kernels_before, strict=True):
-                layer.decode_kernel = kernel
+            model.model.decode_kernel = kernel
         assert torch.equal(fused, op_by_op)
 
 
@@ -231,4 +230,4 @@ def test_torch_kernels_can_be_chosen_instead() -> None:
     pack_cpu_linears(model, int4_in_float32=True, c_kernels=False)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, Int4PackedCpuLinear)
-    assert layer.decode_kernel is None and not layer.input_layernorm.c_kernel
+    assert model.model.decode_kernel is None and not layer.input_layernorm.c_kernel
