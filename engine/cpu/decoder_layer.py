@@ -130,14 +130,17 @@ class DecoderLayersKernel:
     def __init__(self, layers: Sequence[LlamaDecoderLayer]) -> None:
         self.layers = list(layers)
         self._structs: ctypes.Array | None = None
-        self._cache_address = 0
+        self._caches: list[int] = []
 
     def _layer_structs(self) -> ctypes.Array:
-        cache_address = self.layers[0].self_attn.attn.k_cache.data_ptr()
-        if self._structs is None or self._cache_address != cache_address:
+        # Every layer's cache, not just the first: a struct left pointing at a freed cache would
+        # have the kernel write into memory it no longer owns.
+        attentions = [layer.self_attn.attn for layer in self.layers]
+        caches = [t.data_ptr() for a in attentions for t in (a.k_cache, a.v_cache)]
+        if self._structs is None or caches != self._caches:
             structs = [_layer_struct(layer) for layer in self.layers]
             self._structs = (_Layer * len(structs))(*structs)
-            self._cache_address = cache_address
+            self._caches = caches
         return self._structs
 
     def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:

@@ -219,6 +219,15 @@ def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bia
         finally:
             model.model.decode_kernel = kernel
         assert torch.equal(fused, op_by_op)
+    # a layer handed another cache (here only the last one): the kernel writes to the new one
+    last = attention[-1]
+    old_k = last.k_cache
+    last.k_cache, last.v_cache = old_k.clone(), last.v_cache.clone()
+    before = old_k.clone()
+    position = len(prompts[0]) + 1
+    run([0], [[9]], [position])
+    slot = tables[0][position // block_size], position % block_size
+    assert torch.equal(old_k, before) and not torch.equal(last.k_cache[slot], before[slot])
 
 
 def test_torch_kernels_can_be_chosen_instead() -> None:
