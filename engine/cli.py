@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--num-threads",
         type=int,
-        help="torch CPU threads (default: OMP_NUM_THREADS, else the physical cores available less one, "
-        "at least 1; on a shared or busy machine use fewer)",
+        help="torch CPU threads (default: OMP_NUM_THREADS, else the physical cores available: all of "
+        "them on the C kernels' path, one fewer (at least 1) on the others; on a busy machine use fewer)",
     )
     p.add_argument(
         "--speculative",

@@ -45,7 +45,8 @@ class EngineConfig:
     finished requests' blocks until the pool needs them, so ``num_free_blocks`` alone does not return
     to the pool size when a request ends: free + reclaimable does."""
     num_threads: int | None = None
-    """torch intra-op threads on CPU; None: ``OMP_NUM_THREADS`` if set, else :func:`default_num_threads`."""
+    """torch intra-op threads on CPU; None: ``OMP_NUM_THREADS`` if set, else :func:`default_num_threads`
+    (every physical core where decode steps run in C, else one fewer)."""
     served_model_name: str | None = None
     quant: str = "auto"
     """auto | none | int4 | bitnet: auto follows the checkpoint (AutoAWQ config, BitNet architecture);
@@ -100,12 +101,12 @@ class EngineConfig:
             return torch.bfloat16 if fast_bf16 else torch.float32
         return getattr(torch, self.dtype)
 
-    def resolved_num_threads(self) -> int:
+    def resolved_num_threads(self, *, steps_in_c: bool = False) -> int:
         if self.num_threads:
             return self.num_threads
         if (env := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(env) > 0:
             return int(env)
-        return default_num_threads()
+        return default_num_threads(steps_in_c=steps_in_c)
 
 
 KV_TOKENS_PER_SEQ = 128
@@ -118,14 +119,18 @@ def cpu_has_native_bf16() -> bool:
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
 
 
-def default_num_threads() -> int:
-    """Physical cores this process may use, less one for the server's own threads (at least one).
+def default_num_threads(*, steps_in_c: bool = False) -> int:
+    """Physical cores this process may use; one fewer (at least one) unless decode steps run in C.
 
-    The HTTP event loop, detokenization and a co-located client also need a core. OpenMP threads
-    spin at every barrier, so a GEMM split over threads runs at the pace of the one that was
-    preempted: oversubscribing cores costs far more than one thread fewer.
+    OpenMP threads spin at every barrier, so a GEMM split over threads runs at the pace of the one
+    that was preempted. Where a step is Python and torch ops holding the GIL (the bf16 and the exact
+    paths), the HTTP event loop, detokenization and a co-located client need a core of their own,
+    and one thread fewer measured faster. Where a decode step is one C call (``steps_in_c``: the C
+    kernels' path), the GIL is free for the whole step, and every core computing measured faster
+    even with the client on the same cores (docs/engine.md, "CPU threads").
     """
-    return max(1, available_physical_cores() - 1)
+    cores = available_physical_cores()
+    return cores if steps_in_c else max(1, cores - 1)
 
 
 def available_physical_cores() -> int:

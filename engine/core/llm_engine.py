@@ -85,8 +85,10 @@ class LLMEngine:
         self.config = config
         self.device = config.resolved_device()
         self.dtype = _activation_dtype(model)
+        self.steps_in_c = any(getattr(m, "decode_kernel", None) is not None for m in model.modules())
+        """Decode steps run as one C call (the C kernels' path, engine/cpu/decoder_layer.py)."""
         if self.device.type == "cpu":
-            torch.set_num_threads(config.resolved_num_threads())
+            torch.set_num_threads(config.resolved_num_threads(steps_in_c=self.steps_in_c))
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.model_name = config.served_model_name or model_name

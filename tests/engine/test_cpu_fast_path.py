@@ -122,8 +122,10 @@ def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
     assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Q8CpuLinear)
     assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float16)
-    # on the C kernels, decode steps run all layers in one call (engine/cpu/decoder_layer.py)
+    # on the C kernels, decode steps run all layers in one call (engine/cpu/decoder_layer.py), and the
+    # engine's default thread count takes every core for them
     assert (model.model.decode_kernel is None) == NATIVE_BF16
+    assert engine.steps_in_c == (not NATIVE_BF16)
     assert pack_cpu_linears(model) == 0  # nothing left to pack
 
 

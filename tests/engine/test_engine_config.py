@@ -29,6 +29,15 @@ def test_default_leaves_a_core_for_the_server(
     assert EngineConfig().resolved_num_threads() == threads
 
 
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_default_takes_every_core_when_steps_run_in_c(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(config_module, "available_physical_cores", lambda: cores)
+    assert default_num_threads(steps_in_c=True) == cores
+    assert EngineConfig().resolved_num_threads(steps_in_c=True) == cores
+    assert EngineConfig(num_threads=1).resolved_num_threads(steps_in_c=True) == 1
+
+
 def test_available_physical_cores_is_within_the_cpus_we_may_use() -> None:
     assert 1 <= available_physical_cores() <= len(os.sched_getaffinity(0))
 
