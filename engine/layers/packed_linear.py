@@ -254,8 +254,8 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kerne
       GGUF with its Q4 linears kept), after fusing: ``Int4Linear`` by ``Q4CpuLinear`` and ``nn.Linear``
       (the lm_head) by ``Q8CpuLinear`` where the C kernels build and ``c_kernels`` allows them, else
       by ``Int4PackedCpuLinear`` and ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels,
-      RMSNorm, SiLU-and-mul and decode attention take theirs too (``c_kernel``), and each Llama
-      layer runs decode steps in one C call (``engine/cpu/decoder_layer.py``);
+      RMSNorm, SiLU-and-mul and decode attention take theirs too (``c_kernel``), and a Llama
+      model runs all its layers for a decode step in one C call (``engine/cpu/decoder_layer.py``);
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
     dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
