@@ -81,6 +81,8 @@ class EngineConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.kv_cache_gib is not None and self.kv_cache_gib <= 0:
             raise ValueError("kv_cache_gib must be positive")
+        if self.num_kv_blocks is not None and self.num_kv_blocks <= 0:
+            raise ValueError("num_kv_blocks must be positive")
         if self.speculative not in ("ngram", "off"):
             raise ValueError(f"speculative must be ngram or off, not {self.speculative!r}")
         if self.num_speculative_tokens < 1 or not 1 <= self.ngram_min <= self.ngram_max:

@@ -11,6 +11,7 @@ import torch
 from engine import config as config_module
 from engine.cli import ProbeAccessFilter
 from engine.config import EngineConfig, available_physical_cores, default_num_threads
+from tests.engine.tiny_engine import make_tiny_engine
 
 
 def test_explicit_threads_win_over_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -72,3 +73,11 @@ def test_cpu_kernels_choose_the_fast_paths_dtype(monkeypatch: pytest.MonkeyPatch
     assert EngineConfig(cpu_kernels="c", dtype="bfloat16").resolved_dtype(cpu) == torch.bfloat16
     with pytest.raises(ValueError, match="cpu_kernels must be auto, c or torch"):
         EngineConfig(cpu_kernels="fast")
+
+
+def test_a_kv_budget_too_small_for_one_block_says_which_flag() -> None:
+    """The start-up error names the budget that left no room, not just that there was none."""
+    with pytest.raises(RuntimeError, match=r"no room for the KV cache: --kv-cache-gib 1e-09 holds no block"):
+        make_tiny_engine(num_kv_blocks=None, kv_cache_gib=1e-9)
+    with pytest.raises(ValueError, match="num_kv_blocks must be positive"):
+        EngineConfig(num_kv_blocks=0)
