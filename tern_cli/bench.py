@@ -35,6 +35,10 @@ BENCHMARKS = {
         "engine.bench.speculative",
         "n-gram speculative decoding on against off: input-grounded and open-ended, 1 and 16 streams",
     ),
+    "speculative-ceiling": (
+        "engine.bench.speculative_ceiling",
+        "what speculation can gain here: step cost by draft rows, the proposer and an oracle replayed",
+    ),
     "grammar-libraries": ("engine.bench.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
     "kernels": ("engine.bench.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
     "cpu-linears": (

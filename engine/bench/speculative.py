@@ -106,6 +106,31 @@ def measure(
     }
 
 
+def warmed_engine(threads: int | None) -> tuple[LLMEngine, NgramSpeculator, list[list[int]], list[list[int]]]:
+    """The default engine with n-gram speculation (no prefix cache, so reruns of a prompt cost the
+    same) and both workloads as chat prompts, after a warm-up request: input-grounded, open-ended."""
+    engine = LLMEngine.from_config(
+        EngineConfig(num_threads=threads, enable_prefix_cache=False, speculative="ngram")
+    )
+    speculator = engine.speculator
+    assert speculator is not None  # its per-sequence state lives on each Sequence: one serves all
+
+    def chat(texts: list[str]) -> list[list[int]]:
+        return [engine.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
+
+    grounded = chat(INPUT_GROUNDED)
+    run_batch(engine, grounded[:1], 8)
+    return engine, speculator, grounded, chat(PROMPTS)
+
+
+def settings(speculator: NgramSpeculator) -> dict[str, Any]:
+    return {
+        "num_speculative_tokens": speculator.num_tokens,
+        "ngram": [speculator.ngram_min, speculator.ngram_max],
+        "max_batch": speculator.max_batch,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=2)
@@ -113,29 +138,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--streams", type=int, default=16, help="the concurrent case (1 stream is always run)")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
-    config = EngineConfig(num_threads=args.threads, enable_prefix_cache=False)
-    engine = LLMEngine.from_config(config)
-    speculator = engine.speculator or NgramSpeculator(
-        num_tokens=config.num_speculative_tokens,
-        ngram_min=config.ngram_min,
-        ngram_max=config.ngram_max,
-        max_batch=config.speculative_max_batch,
-    )
-
-    def chat(texts: list[str]) -> list[list[int]]:
-        return [engine.tokenizer.encode_chat([{"role": "user", "content": t}]) for t in texts]
-
-    grounded, open_ended = chat(INPUT_GROUNDED), chat(PROMPTS)
-    run_batch(engine, grounded[:1], 8)  # warm-up
+    engine, speculator, grounded, open_ended = warmed_engine(args.threads)
     common = {"max_tokens": args.max_tokens, "rounds": args.rounds}
     result = {
         "model": engine.model_name,
         "cpu": cpu_model(),
-        "settings": {
-            "num_speculative_tokens": speculator.num_tokens,
-            "ngram": [speculator.ngram_min, speculator.ngram_max],
-            "max_batch": speculator.max_batch,
-        },
+        "settings": settings(speculator),
         "input_grounded_1_stream": measure(engine, speculator, grounded, streams=1, **common),
         "open_ended_1_stream": measure(engine, speculator, open_ended[:6], streams=1, **common),
         f"open_ended_{args.streams}_streams": measure(

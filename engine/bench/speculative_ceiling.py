@@ -1,0 +1,161 @@
+"""How far n-gram speculation can go on this machine: the step's cost by draft rows, and a replay.
+
+Speculation pays when verifying ``k`` drafts costs less than the steps they save, so what it can
+gain is bounded by two measured things: what a decode step costs with ``k`` draft rows, and how
+much of a request's time is prefill (the same work with speculation on or off). This benchmark
+
+1. times the decode step of one sequence with 0 to 8 draft rows (drafts that are mostly rejected:
+   a step's cost does not depend on how many are kept);
+2. runs ``tern bench speculative``'s workloads greedily with speculation off, for their outputs
+   and the time that is not decode steps (prefill, mostly);
+3. replays those outputs through the engine's own proposer (``NgramSpeculator``, adaptivity
+   included), and through an oracle whose ``k`` drafts are always right, pricing every step at (1).
+
+The replay is a model, not a timing (``tern bench speculative`` times the real thing); the oracle
+is the ceiling no proposer can pass with this step cost and prefill share. Prints one JSON object.
+
+    python -m engine.bench.speculative_ceiling [--threads N] [--max-tokens 192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence as Seq
+from typing import Any
+
+from engine.bench import cpu_model
+from engine.bench.speculative import run_batch, settings, warmed_engine
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest, SamplingParams
+from engine.core.sequence import Sequence
+from engine.core.speculative import NgramSpeculator
+
+MAX_DRAFTS_TIMED = 8
+ORACLE_DRAFTS = (4, 8, 16)
+
+
+class FixedDrafts(NgramSpeculator):
+    """Always ``num_tokens`` drafts (copies of the last token), never adapting: for timing steps."""
+
+    def propose(self, running: list[Sequence], *, max_model_len: int) -> None:
+        for seq in running:
+            room = min(seq.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
+            decoding = seq.num_uncomputed_tokens == 1
+            seq.draft_token_ids = [seq.token_ids[-1]] * max(0, min(self.num_tokens, room)) if decoding else []
+
+    def record(self, seq: Sequence, *, proposed: int, accepted: int) -> None:
+        pass
+
+
+def step_seconds(engine: LLMEngine, prompt: list[int], *, steps: int = 48, repeats: int = 2) -> list[float]:
+    """Seconds of one decode step with 0..MAX_DRAFTS_TIMED draft rows (best of ``repeats``)."""
+    saved = engine.speculator
+    best = [float("inf")] * (MAX_DRAFTS_TIMED + 1)
+    params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
+    for repeat in range(repeats):
+        for k in range(MAX_DRAFTS_TIMED + 1):
+            engine.speculator = (
+                FixedDrafts(num_tokens=k, ngram_min=1, ngram_max=1, max_batch=1) if k else None
+            )
+            engine.add_request(EngineRequest(f"cost-{k}-{repeat}-{time.monotonic_ns()}", prompt, params))
+            timings = []
+            while engine.has_unfinished_requests():
+                started = time.perf_counter()
+                engine.step()
+                timings.append(time.perf_counter() - started)
+            decode = timings[2:]  # the prompt's prefill and the first decode step left out
+            best[k] = min(best[k], sum(decode) / len(decode))
+    engine.speculator = saved
+    return best
+
+
+def replay(
+    prompt: list[int], output: list[int], *, speculator: NgramSpeculator | None = None, oracle: int = 0
+) -> list[int]:
+    """Drafts per decode step to produce ``output`` after ``prompt``: the speculator's proposals,
+    kept while they match ``output``, or (without one) the next ``oracle`` tokens, always right."""
+    seq = Sequence("replay", list(prompt), SamplingParams(temperature=0), max_tokens=len(output))
+    drafts_per_step: list[int] = []
+    while (done := seq.num_output_tokens) < len(output):
+        seq.num_computed_tokens = seq.num_tokens - 1  # decoding: only the last token is uncomputed
+        if speculator is not None:
+            speculator.propose([seq], max_model_len=len(prompt) + len(output) + 1)
+            drafts = seq.draft_token_ids
+        else:
+            drafts = output[done : done + min(oracle, len(output) - done - 1)]
+        kept = 0
+        while kept < len(drafts) and drafts[kept] == output[done + kept]:
+            kept += 1
+        if speculator is not None and drafts:
+            speculator.record(seq, proposed=len(drafts), accepted=kept)
+        for token in output[done : done + kept + 1]:
+            seq.append_token(token)
+        drafts_per_step.append(len(drafts))
+    return drafts_per_step
+
+
+def priced(drafts_per_step: Seq[int], seconds: Seq[float]) -> float:
+    """Decode time at the measured step cost; past the timed rows, the average cost of a row."""
+    per_row = (seconds[-1] - seconds[0]) / (len(seconds) - 1)
+    last = len(seconds) - 1
+    return sum(seconds[k] if k <= last else seconds[last] + (k - last) * per_row for k in drafts_per_step)
+
+
+def workload(
+    engine: LLMEngine,
+    speculator: NgramSpeculator,
+    prompts: list[list[int]],
+    seconds: list[float],
+    max_tokens: int,
+) -> dict[str, Any]:
+    """Greedy outputs with speculation off, then the proposer's and the oracles' replays, priced."""
+    saved, engine.speculator = engine.speculator, None
+    runs = [(p, *run_batch(engine, [p], max_tokens)) for p in prompts]
+    engine.speculator = saved
+    outputs = [(p, out[0]) for p, _, out in runs]
+    tokens = sum(len(o) for _, o in outputs)
+    decode_off = tokens * seconds[0]
+    rest = max(0.0, sum(elapsed for _, elapsed, _ in runs) - decode_off)
+
+    def summary(steps: list[list[int]]) -> dict[str, Any]:
+        decode_on = sum(priced(s, seconds) for s in steps)
+        return {
+            "steps": sum(map(len, steps)),
+            "drafts": sum(map(sum, steps)),
+            "drafts_kept": tokens - sum(map(len, steps)),  # each step yields its kept drafts + 1
+            "decode_speedup": round(decode_off / decode_on, 3),
+            "end_to_end_speedup": round((rest + decode_off) / (rest + decode_on), 3),
+        }
+
+    return {
+        "prompts": len(prompts),
+        "output_tokens": tokens,
+        "decode_off_s": round(decode_off, 3),
+        "prefill_and_rest_s": round(rest, 3),
+        "proposer": summary([replay(p, o, speculator=speculator) for p, o in outputs]),
+        "oracle": {k: summary([replay(p, o, oracle=k) for p, o in outputs]) for k in ORACLE_DRAFTS},
+    }
+
+
+def main(argv: Seq[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument("--threads", type=int, default=None)
+    args = p.parse_args(argv)
+    engine, speculator, grounded, open_ended = warmed_engine(args.threads)
+    seconds = step_seconds(engine, grounded[0])
+    result = {
+        "model": engine.model_name,
+        "cpu": cpu_model(),
+        "settings": settings(speculator),
+        "step_ms_by_drafts": [round(1000 * s, 2) for s in seconds],
+        "input_grounded_1_stream": workload(engine, speculator, grounded, seconds, args.max_tokens),
+        "open_ended_1_stream": workload(engine, speculator, open_ended[:6], seconds, args.max_tokens),
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
