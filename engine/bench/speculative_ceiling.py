@@ -6,10 +6,11 @@ much of a request's time is prefill (the same work with speculation on or off). 
 
 1. times the decode step of one sequence with 0 to 8 draft rows (drafts that are mostly rejected:
    a step's cost does not depend on how many are kept);
-2. runs ``tern bench speculative``'s workloads greedily with speculation off, for their outputs
-   and the time that is not decode steps (prefill, mostly);
+2. runs ``tern bench speculative``'s workloads greedily with speculation off, one request at a
+   time, for their outputs and the time of their prefill (the first step) and decode steps;
 3. replays those outputs through the engine's own proposer (``NgramSpeculator``, adaptivity
-   included), and through an oracle whose ``k`` drafts are always right, pricing every step at (1).
+   included), and through an oracle whose ``k`` drafts are always right, pricing every step at (1)
+   relative to a one-row step and scaling (2)'s decode time by that.
 
 The replay is a model, not a timing (``tern bench speculative`` times the real thing); the oracle
 is the ceiling no proposer can pass with this step cost and prefill share. Prints one JSON object.
@@ -26,7 +27,7 @@ from collections.abc import Sequence as Seq
 from typing import Any
 
 from engine.bench import cpu_model
-from engine.bench.speculative import run_batch, settings, warmed_engine
+from engine.bench.speculative import settings, warmed_engine
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import EngineRequest, SamplingParams
 from engine.core.sequence import Sequence
@@ -103,6 +104,23 @@ def priced(drafts_per_step: Seq[int], seconds: Seq[float]) -> float:
     return sum(seconds[k] if k <= last else seconds[last] + (k - last) * per_row for k in drafts_per_step)
 
 
+def timed_greedy(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, float, list[int]]:
+    """One request alone, speculation off: seconds of its first step (the prefill, which samples the
+    first token), seconds of its decode steps, and its output tokens."""
+    saved, engine.speculator = engine.speculator, None
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    engine.add_request(EngineRequest(f"greedy-{time.monotonic_ns()}", prompt, params))
+    seconds: list[float] = []
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        started = time.perf_counter()
+        outputs = engine.step()
+        seconds.append(time.perf_counter() - started)
+        tokens += [t for out in outputs for delta in out.deltas for t in delta.token_ids]
+    engine.speculator = saved
+    return seconds[0], sum(seconds[1:]), tokens
+
+
 def workload(
     engine: LLMEngine,
     speculator: NgramSpeculator,
@@ -110,32 +128,31 @@ def workload(
     seconds: list[float],
     max_tokens: int,
 ) -> dict[str, Any]:
-    """Greedy outputs with speculation off, then the proposer's and the oracles' replays, priced."""
-    saved, engine.speculator = engine.speculator, None
-    runs = [(p, *run_batch(engine, [p], max_tokens)) for p in prompts]
-    engine.speculator = saved
-    outputs = [(p, out[0]) for p, _, out in runs]
-    tokens = sum(len(o) for _, o in outputs)
-    decode_off = tokens * seconds[0]
-    rest = max(0.0, sum(elapsed for _, elapsed, _ in runs) - decode_off)
+    """Greedy outputs with speculation off, timed, then the proposer's and the oracles' replays of
+    their decode steps (every token after the first), priced at the measured step cost."""
+    runs = [(p, *timed_greedy(engine, p, max_tokens)) for p in prompts]
+    prefill = sum(first for _, first, _, _ in runs)
+    decode = sum(rest for _, _, rest, _ in runs)
+    decoded = [(p + out[:1], out[1:]) for p, _, _, out in runs]
+    priced_off = sum(len(out) for _, out in decoded) * seconds[0]
 
     def summary(steps: list[list[int]]) -> dict[str, Any]:
-        decode_on = sum(priced(s, seconds) for s in steps)
+        decode_on = decode * sum(priced(s, seconds) for s in steps) / priced_off
         return {
             "steps": sum(map(len, steps)),
             "drafts": sum(map(sum, steps)),
-            "drafts_kept": tokens - sum(map(len, steps)),  # each step yields its kept drafts + 1
-            "decode_speedup": round(decode_off / decode_on, 3),
-            "end_to_end_speedup": round((rest + decode_off) / (rest + decode_on), 3),
+            "drafts_kept": sum(len(out) for _, out in decoded) - sum(map(len, steps)),
+            "decode_speedup": round(decode / decode_on, 3),
+            "end_to_end_speedup": round((prefill + decode) / (prefill + decode_on), 3),
         }
 
     return {
         "prompts": len(prompts),
-        "output_tokens": tokens,
-        "decode_off_s": round(decode_off, 3),
-        "prefill_and_rest_s": round(rest, 3),
-        "proposer": summary([replay(p, o, speculator=speculator) for p, o in outputs]),
-        "oracle": {k: summary([replay(p, o, oracle=k) for p, o in outputs]) for k in ORACLE_DRAFTS},
+        "output_tokens": sum(len(out) for *_, out in runs),
+        "prefill_s": round(prefill, 3),
+        "decode_s": round(decode, 3),
+        "proposer": summary([replay(p, out, speculator=speculator) for p, out in decoded]),
+        "oracle": {k: summary([replay(p, out, oracle=k) for p, out in decoded]) for k in ORACLE_DRAFTS},
     }
 
 
