@@ -9,8 +9,8 @@ much of a request's time is prefill (the same work with speculation on or off). 
 2. runs ``tern bench speculative``'s workloads greedily with speculation off, one request at a
    time, for their outputs and the time of their prefill (the first step) and decode steps;
 3. replays those outputs through the engine's own proposer (``NgramSpeculator``, adaptivity
-   included), and through an oracle whose ``k`` drafts are always right, pricing every step at (1)
-   relative to a one-row step and scaling (2)'s decode time by that.
+   included), and through an oracle whose ``k`` drafts are always right, pricing every step on a
+   line fitted through (1), relative to a one-row step, and scaling (2)'s decode time by that.
 
 The replay is a model, not a timing (``tern bench speculative`` times the real thing); the oracle
 is the ceiling no proposer can pass with this step cost and prefill share. Prints one JSON object.
@@ -25,6 +25,8 @@ import json
 import time
 from collections.abc import Sequence as Seq
 from typing import Any
+
+import numpy as np
 
 from engine.bench import cpu_model
 from engine.bench.speculative import settings, warmed_engine
@@ -50,7 +52,7 @@ class FixedDrafts(NgramSpeculator):
         pass
 
 
-def step_seconds(engine: LLMEngine, prompt: list[int], *, steps: int = 48, repeats: int = 2) -> list[float]:
+def step_seconds(engine: LLMEngine, prompt: list[int], *, steps: int = 48, repeats: int = 3) -> list[float]:
     """Seconds of one decode step with 0..MAX_DRAFTS_TIMED draft rows (best of ``repeats``)."""
     saved = engine.speculator
     best = [float("inf")] * (MAX_DRAFTS_TIMED + 1)
@@ -97,11 +99,17 @@ def replay(
     return drafts_per_step
 
 
-def priced(drafts_per_step: Seq[int], seconds: Seq[float]) -> float:
-    """Decode time at the measured step cost; past the timed rows, the average cost of a row."""
-    per_row = (seconds[-1] - seconds[0]) / (len(seconds) - 1)
-    last = len(seconds) - 1
-    return sum(seconds[k] if k <= last else seconds[last] + (k - last) * per_row for k in drafts_per_step)
+def step_cost_line(seconds: Seq[float]) -> tuple[float, float]:
+    """Least-squares line through the timed step costs: (one-row step, cost of each draft row).
+    Single timings move by a few ms from run to run; the line prices every draft count alike."""
+    slope, intercept = np.polyfit(np.arange(len(seconds)), np.asarray(seconds), 1)
+    return float(intercept), float(slope)
+
+
+def priced(drafts_per_step: Seq[int], line: tuple[float, float]) -> float:
+    """Decode time of these steps at ``line``'s cost."""
+    base, per_row = line
+    return sum(base + per_row * k for k in drafts_per_step)
 
 
 def timed_greedy(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, float, list[int]]:
@@ -134,10 +142,11 @@ def workload(
     prefill = sum(first for _, first, _, _ in runs)
     decode = sum(rest for _, _, rest, _ in runs)
     decoded = [(p + out[:1], out[1:]) for p, _, _, out in runs]
-    priced_off = sum(len(out) for _, out in decoded) * seconds[0]
+    line = step_cost_line(seconds)
+    priced_off = sum(priced([0] * len(out), line) for _, out in decoded)
 
     def summary(steps: list[list[int]]) -> dict[str, Any]:
-        decode_on = decode * sum(priced(s, seconds) for s in steps) / priced_off
+        decode_on = decode * sum(priced(s, line) for s in steps) / priced_off
         return {
             "steps": sum(map(len, steps)),
             "drafts": sum(map(sum, steps)),
@@ -168,6 +177,7 @@ def main(argv: Seq[str] | None = None) -> None:
         "cpu": cpu_model(),
         "settings": settings(speculator),
         "step_ms_by_drafts": [round(1000 * s, 2) for s in seconds],
+        "step_ms_line": [round(1000 * x, 3) for x in step_cost_line(seconds)],  # one row, each draft row
         "input_grounded_1_stream": workload(engine, speculator, grounded, seconds, args.max_tokens),
         "open_ended_1_stream": workload(engine, speculator, open_ended[:6], seconds, args.max_tokens),
     }

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.bench.speculative_ceiling import priced, replay
+from engine.bench.speculative_ceiling import priced, replay, step_cost_line
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
@@ -163,4 +163,5 @@ def test_the_ceiling_replay_counts_the_steps_a_proposer_and_an_oracle_need() -> 
     prompt = [7, 8, *output, 9]
     # the answer repeats the prompt: once "7 8" is out, its continuation is drafted and kept
     assert replay(prompt, [7, 8, *output], speculator=speculator) == [0, 0, 4, 4]
-    assert priced([0, 1, 10], [1.0, 1.5, 2.0]) == 1.0 + 1.5 + (2.0 + 8 * 0.5)
+    assert priced([0, 1, 10], (1.0, 0.5)) == 1.0 + 1.5 + 6.0
+    assert step_cost_line([1.0, 1.6, 2.0]) == pytest.approx((1.03333, 0.5), abs=1e-4)
