@@ -58,6 +58,7 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 # Variants saved as several safetensors shards with an index json.
 SHARDED_VARIANTS = {"qwen2"}
+EVALUATION_TEXT = Path(__file__).parent.parent / "data" / "pride_and_prejudice_ch1.txt"
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,30 @@ def default_gguf_path() -> Path:
 def default_model(default_gguf_path: Path) -> LoadedModel:
     """The real SmolLM2-135M-Instruct GGUF, float32 on CPU, loaded once per session."""
     return load_model(default_gguf_path, device="cpu", dtype=torch.float32, progress=False)
+
+
+@pytest.fixture(scope="session")
+def float32_perplexity(default_model: LoadedModel) -> float:
+    """The exact float32 path's perplexity on the evaluation text: the baseline that the fast path's
+    and the INT4 quality tests compare with, computed once (about 8 s)."""
+    from engine.bench.int4_quality import perplexity
+
+    return perplexity(
+        default_model.model, evaluation_ids(default_model), default_model.config.max_position_embeddings
+    )
+
+
+def evaluation_ids(model: LoadedModel) -> torch.Tensor:
+    """The evaluation text (Pride and Prejudice, ch. 1: not the calibration text) as token ids."""
+    return torch.tensor(model.tokenizer.encode(EVALUATION_TEXT.read_text()))
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_config(default_gguf_path: Path) -> Any:
+    """transformers' config from the default GGUF (it parses all the file's metadata: about 7 s)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(default_gguf_path.parent, gguf_file=default_gguf_path.name)
 
 
 @pytest.fixture(scope="session")

@@ -13,10 +13,7 @@ and AMD machines CI runs on, so each bound below sits well beyond the spread mea
 machines and seeds.
 """
 
-from pathlib import Path
-
 import pytest
-import torch
 from torch import nn
 
 from engine.bench.int4_quality import distilled_copy, perplexity, quantized_copy
@@ -27,11 +24,10 @@ from engine.loader.load import LoadedModel
 from engine.quantize import calibration_ids, default_calibration_text
 from engine.serving.frames import generate_frames
 from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
+from tests.engine.conftest import evaluation_ids
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).parent.parent / "data"
-EVALUATION_TEXT = DATA / "pride_and_prejudice_ch1.txt"
 CALIBRATION_SEQUENCES = 10  # the chapter's 2730 tokens in whole sequences of 256
 CALIBRATION_SEQUENCE_LENGTH = 256
 GROUP_SIZE = 128
@@ -49,10 +45,6 @@ AWQ_MAX_PPL_INCREASE = 0.15
 DISTILLED_MAX_PPL_INCREASE = 0.12
 
 
-def encode(loaded: LoadedModel, path: Path) -> torch.Tensor:
-    return torch.tensor(loaded.tokenizer.encode(path.read_text()))
-
-
 @pytest.fixture(scope="module")
 def quantized(default_model: LoadedModel) -> dict[str, nn.Module]:
     """RTN, AWQ and distilled AWQ copies of the shared model (the shared instance stays float)."""
@@ -68,11 +60,11 @@ def quantized(default_model: LoadedModel) -> dict[str, nn.Module]:
 
 
 def test_int4_perplexity_close_to_float_and_awq_not_worse_than_rtn(
-    default_model: LoadedModel, quantized: dict[str, nn.Module]
+    default_model: LoadedModel, quantized: dict[str, nn.Module], float32_perplexity: float
 ) -> None:
-    eval_ids = encode(default_model, EVALUATION_TEXT)
+    eval_ids = evaluation_ids(default_model)
     window = default_model.config.max_position_embeddings
-    baseline = perplexity(default_model.model, eval_ids, window)
+    baseline = float32_perplexity
     ppl = {method: perplexity(model, eval_ids, window) for method, model in quantized.items()}
     print(
         f"\nperplexity on {len(eval_ids)} tokens: float {baseline:.3f}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,12 +115,10 @@ def test_saved_transformers_configs(variant: str, tiny_model_dir: Callable[[str]
     assert config.eos_token_ids == (generation["eos_token_id"],)
 
 
-def test_default_gguf_config_matches_transformers(default_gguf_path: Path) -> None:
-    from transformers import AutoConfig
-
+def test_default_gguf_config_matches_transformers(default_gguf_path: Path, hf_gguf_config: Any) -> None:
     reader = open_gguf(default_gguf_path)
     config = ModelConfig.from_gguf_metadata(read_metadata(reader), {t.name for t in reader.tensors})
-    hf = AutoConfig.from_pretrained(default_gguf_path.parent, gguf_file=default_gguf_path.name)
+    hf = hf_gguf_config
     assert (config.architecture, hf.model_type) == ("LlamaForCausalLM", "llama")
     for field in (
         "vocab_size",

@@ -7,6 +7,7 @@ compared with transformers' own cached greedy loop.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -169,17 +170,16 @@ def test_tiny_variants_cover_the_features(tiny_pair: tuple[LoadedModel, Any]) ->
 
 
 @pytest.fixture(scope="module")
-def hf_default_model(default_gguf_path: Path) -> Iterator[Any]:
+def hf_default_model(default_gguf_path: Path, hf_gguf_config: Any) -> Iterator[Any]:
     """transformers' model from the same GGUF, using its own dequantization and q/k un-permute.
 
     `from_pretrained(gguf_file=...)` requires `accelerate`, which this project does not install;
     this is the same conversion without it.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    config = AutoConfig.from_pretrained(default_gguf_path.parent, gguf_file=default_gguf_path.name)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(copy.deepcopy(hf_gguf_config), dtype=torch.float32)
     tensors = load_gguf_checkpoint(default_gguf_path, return_tensors=True, model_to_load=model)["tensors"]
     result = model.load_state_dict({k: torch.as_tensor(v) for k, v in tensors.items()}, strict=False)
     assert result.unexpected_keys == [] and set(result.missing_keys) <= {"lm_head.weight"}
