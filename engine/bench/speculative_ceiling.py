@@ -40,37 +40,43 @@ ORACLE_DRAFTS = (4, 8, 16)
 
 
 class FixedDrafts(NgramSpeculator):
-    """Always ``num_tokens`` drafts (copies of the last token), never adapting: for timing steps."""
+    """As many drafts as there is room for, up to ``num_tokens`` (copies of the last token), never
+    adapting: for timing steps by their draft rows."""
 
-    def propose(self, running: list[Sequence], *, max_model_len: int) -> None:
-        for seq in running:
-            room = min(seq.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
-            decoding = seq.num_uncomputed_tokens == 1
-            seq.draft_token_ids = [seq.token_ids[-1]] * max(0, min(self.num_tokens, room)) if decoding else []
+    def lookup(self, tokens: list[int], k: int) -> list[int]:
+        return tokens[-1:] * k
 
     def record(self, seq: Sequence, *, proposed: int, accepted: int) -> None:
         pass
 
 
+def timed_steps(
+    engine: LLMEngine, prompt: list[int], params: SamplingParams, speculator: NgramSpeculator | None
+) -> tuple[list[float], list[int]]:
+    """One request alone, with ``speculator`` (None: off): each step's seconds and the output tokens."""
+    saved, engine.speculator = engine.speculator, speculator
+    engine.add_request(EngineRequest(f"timed-{time.monotonic_ns()}", prompt, params))
+    seconds: list[float] = []
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        started = time.perf_counter()
+        outputs = engine.step()
+        seconds.append(time.perf_counter() - started)
+        tokens += [t for out in outputs for delta in out.deltas for t in delta.token_ids]
+    engine.speculator = saved
+    return seconds, tokens
+
+
 def step_seconds(engine: LLMEngine, prompt: list[int], *, steps: int = 48, repeats: int = 3) -> list[float]:
     """Seconds of one decode step with 0..MAX_DRAFTS_TIMED draft rows (best of ``repeats``)."""
-    saved = engine.speculator
     best = [float("inf")] * (MAX_DRAFTS_TIMED + 1)
     params = SamplingParams(max_tokens=steps, temperature=0, ignore_eos=True)
-    for repeat in range(repeats):
+    for _ in range(repeats):
         for k in range(MAX_DRAFTS_TIMED + 1):
-            engine.speculator = (
-                FixedDrafts(num_tokens=k, ngram_min=1, ngram_max=1, max_batch=1) if k else None
-            )
-            engine.add_request(EngineRequest(f"cost-{k}-{repeat}-{time.monotonic_ns()}", prompt, params))
-            timings = []
-            while engine.has_unfinished_requests():
-                started = time.perf_counter()
-                engine.step()
-                timings.append(time.perf_counter() - started)
-            decode = timings[2:]  # the prompt's prefill and the first decode step left out
+            fixed = FixedDrafts(num_tokens=k, ngram_min=1, ngram_max=1, max_batch=1) if k else None
+            seconds, _ = timed_steps(engine, prompt, params, fixed)
+            decode = seconds[2:]  # the prompt's prefill and the first decode step left out
             best[k] = min(best[k], sum(decode) / len(decode))
-    engine.speculator = saved
     return best
 
 
@@ -112,23 +118,6 @@ def priced(drafts_per_step: Seq[int], line: tuple[float, float]) -> float:
     return sum(base + per_row * k for k in drafts_per_step)
 
 
-def timed_greedy(engine: LLMEngine, prompt: list[int], max_tokens: int) -> tuple[float, float, list[int]]:
-    """One request alone, speculation off: seconds of its first step (the prefill, which samples the
-    first token), seconds of its decode steps, and its output tokens."""
-    saved, engine.speculator = engine.speculator, None
-    params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    engine.add_request(EngineRequest(f"greedy-{time.monotonic_ns()}", prompt, params))
-    seconds: list[float] = []
-    tokens: list[int] = []
-    while engine.has_unfinished_requests():
-        started = time.perf_counter()
-        outputs = engine.step()
-        seconds.append(time.perf_counter() - started)
-        tokens += [t for out in outputs for delta in out.deltas for t in delta.token_ids]
-    engine.speculator = saved
-    return seconds[0], sum(seconds[1:]), tokens
-
-
 def workload(
     engine: LLMEngine,
     speculator: NgramSpeculator,
@@ -138,10 +127,11 @@ def workload(
 ) -> dict[str, Any]:
     """Greedy outputs with speculation off, timed, then the proposer's and the oracles' replays of
     their decode steps (every token after the first), priced at the measured step cost."""
-    runs = [(p, *timed_greedy(engine, p, max_tokens)) for p in prompts]
-    prefill = sum(first for _, first, _, _ in runs)
-    decode = sum(rest for _, _, rest, _ in runs)
-    decoded = [(p + out[:1], out[1:]) for p, _, _, out in runs]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    runs = [(p, *timed_steps(engine, p, params, None)) for p in prompts]
+    prefill = sum(seconds[0] for _, seconds, _ in runs)  # the first step: prefill, first token sampled
+    decode = sum(sum(seconds[1:]) for _, seconds, _ in runs)
+    decoded = [(p + out[:1], out[1:]) for p, _, out in runs]
     line = step_cost_line(seconds)
     priced_off = sum(priced([0] * len(out), line) for _, out in decoded)
 

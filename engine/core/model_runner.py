@@ -30,6 +30,13 @@ log = logging.getLogger(__name__)
 _GIB = 1 << 30
 
 
+def _some_blocks(blocks: int, budget: str) -> int:
+    """``blocks``, or an error that says which ``budget`` left no room for one."""
+    if blocks <= 0:
+        raise RuntimeError(f"no room for the KV cache: {budget}")
+    return blocks
+
+
 class CausalLM(Protocol):
     """What the runner needs of a model (engine/models/*): hidden states per token, then logits."""
 
@@ -64,8 +71,6 @@ class ModelRunner:
             self.num_blocks = engine_config.num_kv_blocks
         else:
             self.num_blocks = self._blocks_from_budget(engine_config, engine_config.max_num_batched_tokens)
-        if self.num_blocks <= 0:
-            raise RuntimeError(f"no room for the KV cache: {self._budget_detail}")
         layers = len(self.attention_layers)
         shape = (2, layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         self.kv_cache = _zeroed_pool(shape, self.cache_dtype, device)
@@ -86,14 +91,14 @@ class ModelRunner:
         return per_token * self.block_size
 
     def _blocks_from_budget(self, config: EngineConfig, warmup_tokens: int) -> int:
-        """KV blocks that fit the budget; ``_budget_detail`` says in words what the budget was."""
+        """KV blocks that fit the budget; an error that names the budget where not one block does."""
         if self.device.type != "cuda":
             if config.kv_cache_gib is not None:
-                self._budget_detail = (
+                return _some_blocks(
+                    int(config.kv_cache_gib * _GIB // self.bytes_per_block),
                     f"--kv-cache-gib {config.kv_cache_gib} holds no block of {self.block_size} tokens "
-                    f"({self.bytes_per_block} bytes)"
+                    f"({self.bytes_per_block} bytes)",
                 )
-                return int(config.kv_cache_gib * _GIB // self.bytes_per_block)
             tokens = max(self.max_context, config.max_num_seqs * KV_TOKENS_PER_SEQ)
             return -(-tokens // self.block_size)
         # Measure the activation peak of the largest step, then give the rest of the budget to the cache.
@@ -108,14 +113,14 @@ class ModelRunner:
         peak = torch.cuda.max_memory_allocated(self.device)
         in_use_elsewhere = total - free - torch.cuda.memory_allocated(self.device)
         budget = total * config.gpu_memory_utilization - in_use_elsewhere - peak
-        self._budget_detail = (
+        return _some_blocks(
+            int(budget // self.bytes_per_block),
             f"--gpu-memory-utilization {config.gpu_memory_utilization} allows "
             f"{total * config.gpu_memory_utilization / _GIB:.1f} GiB of this GPU's {total / _GIB:.1f}, other "
             f"processes use {in_use_elsewhere / _GIB:.1f} GiB and the model with its largest step "
             f"{peak / _GIB:.1f} GiB; free GPU memory (another engine on this GPU?), raise "
-            "--gpu-memory-utilization or lower --max-num-batched-tokens"
+            "--gpu-memory-utilization or lower --max-num-batched-tokens",
         )
-        return int(budget // self.bytes_per_block)
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> list[list[SampledToken]]:
