@@ -38,7 +38,7 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.speculative import NgramSpeculator
 from engine.core.stopping import StopStringMatcher
-from engine.layers.packed_linear import pack_cpu_linears
+from engine.layers.packed_linear import activation_dtype, pack_cpu_linears
 from engine.loader.memory import release_freed_memory
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
@@ -84,7 +84,7 @@ class LLMEngine:
     ) -> None:
         self.config = config
         self.device = config.resolved_device()
-        self.dtype = _activation_dtype(model)
+        self.dtype = activation_dtype(model)
         self.steps_in_c = any(getattr(m, "decode_kernel", None) is not None for m in model.modules())
         """Decode steps run as one C call (the C kernels' path, engine/cpu/decoder_layer.py)."""
         if self.device.type == "cpu":
@@ -397,8 +397,3 @@ class LLMEngine:
                 result.deltas.extend(out.deltas)
                 result.usage = out.usage or result.usage
         return results
-
-
-def _activation_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype the model computes in (its embedding's), which the KV cache follows."""
-    return next(m for m in model.modules() if isinstance(m, torch.nn.Embedding)).weight.dtype

@@ -245,6 +245,50 @@ class Q8CpuLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
 
 
+class Q8Embedding(nn.Module):
+    """Drop-in for a tied ``nn.Embedding`` whose lm_head became a :class:`Q8CpuLinear`: each looked-up
+    row is dequantized from the lm_head's Q8_0 blocks (the same tensors, shared), so the float32 table
+    is not kept beside them (108 MiB of the default model's 500 MB at start). Only where those blocks
+    give the table back exactly (:meth:`represents`: a GGUF's Q8_0 tied embedding), so every input
+    row is bit for bit what it was; ``int8 * float16`` is exact in float32."""
+
+    dtype = torch.float32
+
+    def __init__(self, head: Q8CpuLinear) -> None:
+        super().__init__()
+        self.qweight, self.scales = head.qweight, head.scales
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+
+    @staticmethod
+    def represents(head: Q8CpuLinear, table: torch.Tensor, rows_at_once: int = 4096) -> bool:
+        """Whether ``head``'s blocks dequantize to ``table`` exactly (checked a slice at a time)."""
+        if table.dtype != torch.float32 or table.shape != (head.out_features, head.in_features):
+            return False
+        for start in range(0, table.shape[0], rows_at_once):
+            rows = slice(start, start + rows_at_once)
+            if not torch.equal(_dequantize_q8_0(head.qweight[rows], head.scales[rows]), table[rows]):
+                return False
+        return True
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _dequantize_q8_0(self.qweight[ids], self.scales[ids])
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, format=q8_0"
+
+
+def _dequantize_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """codes [..., K] int8 and scales [..., K / 32] float16 -> [..., K] float32."""
+    blocks = codes.float().unflatten(-1, (-1, cpu_kernels.BLOCK)) * scales.float().unsqueeze(-1)
+    return blocks.flatten(-2)
+
+
+def activation_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the model computes in: its embedding's (the KV cache follows it)."""
+    embedding = next(m for m in model.modules() if isinstance(m, nn.Embedding | Q8Embedding))
+    return torch.float32 if isinstance(embedding, Q8Embedding) else embedding.weight.dtype
+
+
 def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kernels: bool = True) -> int:
     """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
 
@@ -258,7 +302,7 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kerne
       model runs all its layers for a decode step in one C call (``engine/cpu/decoder_layer.py``);
     - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
     """
-    dtype = next(m for m in model.modules() if isinstance(m, nn.Embedding)).weight.dtype
+    dtype = activation_dtype(model)
     int4_kernels = dtype == torch.bfloat16 or (dtype == torch.float32 and int4_in_float32)
     if dtype == torch.bfloat16:
         pack_dense: type[nn.Module] | None = OneDnnPackedLinear if onednn_packing_available() else None
@@ -287,7 +331,20 @@ def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kerne
         if c_kernels and hasattr(module, "c_kernel"):
             module.c_kernel = True  # RMSNorm, SiLU-and-mul and decode attention: their C kernels too
     if c_kernels:
+        _embed_from_q8_head(model)
         from engine.cpu.decoder_layer import attach_decoder_kernels  # imports the model classes
 
         attach_decoder_kernels(model)
     return replaced
+
+
+def _embed_from_q8_head(model: nn.Module) -> None:
+    """Swap a tied embedding for a :class:`Q8Embedding` on its lm_head's blocks, where they give it
+    back exactly; the float32 table is then freed."""
+    embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    heads = [m for m in model.modules() if isinstance(m, Q8CpuLinear)]
+    for name, embedding in embeddings:
+        for head in heads:
+            if Q8Embedding.represents(head, embedding.weight.detach()):
+                model.set_submodule(name, Q8Embedding(head))
+                break

@@ -19,6 +19,7 @@ from engine.layers.packed_linear import (
     OneDnnPackedLinear,
     Q4CpuLinear,
     Q8CpuLinear,
+    Q8Embedding,
     onednn_packing_available,
     pack_cpu_linears,
 )
@@ -119,6 +120,8 @@ def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
     assert isinstance(layer.mlp.gate_up_proj, int4_type)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
     assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Q8CpuLinear)
+    # on the C kernels the tied embedding is looked up from the lm_head's Q8_0 blocks (no float table)
+    assert isinstance(model.model.embed_tokens, nn.Embedding if NATIVE_BF16 else Q8Embedding)
     assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float16)
     # on the C kernels, decode steps run all layers in one call (engine/cpu/decoder_layer.py), and the
     # engine's default thread count takes every core for them

@@ -9,7 +9,14 @@ from torch import Tensor, nn
 from engine.core.context import make_context, reset_context, set_context
 from engine.cpu import kernels
 from engine.cpu.decoder_layer import DecoderLayersKernel
-from engine.layers.packed_linear import Int4PackedCpuLinear, Q4CpuLinear, Q8CpuLinear, pack_cpu_linears
+from engine.layers.packed_linear import (
+    Int4PackedCpuLinear,
+    Q4CpuLinear,
+    Q8CpuLinear,
+    Q8Embedding,
+    activation_dtype,
+    pack_cpu_linears,
+)
 from engine.layers.quant.linear import Int4Linear
 from engine.models.llama import LlamaForCausalLM
 from tests.engine.tiny_engine import make_tiny_model
@@ -168,6 +175,27 @@ def fast_tiny_model(attention_bias: bool) -> LlamaForCausalLM:
             model.set_submodule(name, Int4Linear.from_linear(module, group_size=32))
     pack_cpu_linears(model, int4_in_float32=True)
     return model
+
+
+@pytest.mark.parametrize("q8_table", [True, False])
+def test_a_tied_q8_0_embedding_is_looked_up_from_the_lm_head_blocks(q8_table: bool) -> None:
+    """Where the lm_head's Q8_0 blocks give the embedding table back exactly (a GGUF's tied Q8_0
+    embedding), rows are dequantized from them and the float table goes; a table they only
+    approximate stays as it is, so the inputs never change."""
+    model, _ = make_tiny_model(tie_word_embeddings=True)
+    table = model.model.embed_tokens.weight
+    if q8_table:
+        with torch.no_grad():
+            codes, scales = kernels.quantize_q8_0(table)
+            table.copy_((codes.float().unflatten(1, (-1, 32)) * scales.float()[..., None]).flatten(1))
+    expected = table.detach().clone()
+    pack_cpu_linears(model, int4_in_float32=True)
+    embedding = model.model.embed_tokens
+    assert isinstance(model.lm_head, Q8CpuLinear)
+    assert isinstance(embedding, Q8Embedding) == q8_table
+    assert activation_dtype(model) == torch.float32
+    ids = torch.tensor([[0, 5, 258], [7, 7, 1]])
+    assert torch.equal(embedding(ids), expected[ids])
 
 
 @pytest.mark.parametrize("attention_bias", [False, True])
