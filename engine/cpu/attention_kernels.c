@@ -1,9 +1,10 @@
 /* Decode attention over the paged KV cache, and RMSNorm, for float32 CPU models.
  *
  * One query token per row attends to its row's first context_lens[r] cached keys, read in place
- * through the row's block table (no gather into a padded copy, no mask). Rows and KV heads are
- * shared out among OpenMP threads; each (row, query head) is computed by one thread in a fixed
- * order, so a row's output does not depend on the batch or the thread count.
+ * through the row's block table (no gather into a padded copy, no mask). Chunks of a row's keys,
+ * for one KV head and all its query heads, are shared out among OpenMP threads and merged in a
+ * fixed order (paged_attention.inc), so a row's output depends neither on the batch nor on the
+ * thread count, and one long row still uses every thread.
  * The cache is float32 or float16 (llama.cpp's default: half the bytes a step reads, and a
  * float16 element converts to float32 in one instruction, F16C); arithmetic is float32.
  * Plain-torch references: engine/cpu/kernels.py (`*_ref`), tested in tests/engine/test_cpu_kernels.py.
@@ -14,6 +15,11 @@
 #include <string.h>
 
 #include "kernels.h"
+
+/* Keys per work item; a row of C keys is ceil(C / KEYS_PER_CHUNK) items per KV head. */
+#define KEYS_PER_CHUNK 128
+/* How many positions ahead a row's keys and values are prefetched (about a memory latency of work). */
+#define PREFETCH_KEYS 8
 
 #define CAT2(a, b) a##_##b
 #define CAT(a, b) CAT2(a, b)

@@ -101,15 +101,6 @@ static void free_rows(QuantizedRows *q) {
     free(q->s);
 }
 
-#ifdef __AVX2__
-static inline float hsum(__m256 v) {
-    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-#endif
-
 /* Micro-kernels: RR rows of x against CC weight rows, every output element one float accumulator
  * over the blocks in order, then its horizontal sum, then the min term (q4_1): the same arithmetic
  * for an element whichever micro-kernel computes it, so the result does not depend on the batch.
@@ -133,7 +124,7 @@ static inline __attribute__((always_inline)) float min_term(const Weights *w, in
     __m256 acc = _mm256_setzero_ps();
     for (; b + 8 <= w->nb; b += 8)
         acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b))), _mm256_loadu_ps(s + b), acc);
-    total = hsum(acc);
+    total = hsum8(acc);
 #endif
     for (; b < w->nb; b++) total += half_to_float(m[b]) * s[b];
     return total;
@@ -177,7 +168,7 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
         }
     }
     for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
+        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum8(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
 }
 
 static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r0,
@@ -209,7 +200,7 @@ static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, co
         }
     }
     for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum(acc[i][j]) * x->d[r0 + i];
+        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum8(acc[i][j]) * x->d[r0 + i];
 }
 #else
 /* Portable version: the same per-element arithmetic without vectors. */

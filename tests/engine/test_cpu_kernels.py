@@ -150,6 +150,32 @@ def test_paged_decode_attention_matches_reference(kv_heads: int, dim: int, cache
     assert torch.equal(alone[0], out[1])
 
 
+@pytest.mark.parametrize(("heads", "kv_heads"), [(9, 3), (8, 1), (2, 2)])
+def test_paged_decode_attention_over_long_rows_matches_reference_whatever_the_batch_and_threads(
+    heads: int, kv_heads: int
+) -> None:
+    """Rows longer than a chunk of keys (128): the chunks' partial softmaxes merge to the reference,
+    and a row's output is bit for bit the same alone, in a batch and on one thread or two."""
+    torch.manual_seed(1)
+    k_cache, v_cache = torch.randn(2, 80, 16, kv_heads, 64).half()
+    tables = torch.randperm(80).to(torch.int32).reshape(2, 40)
+    lens = torch.tensor([640, 129], dtype=torch.int32)
+    q = torch.randn(2, heads, 64)
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125)
+    ref = kernels.paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for row in range(2):
+            alone = kernels.paged_decode_attention(
+                q[row : row + 1], k_cache, v_cache, tables[row : row + 1], lens[row : row + 1], 0.125
+            )
+            assert torch.equal(alone[0], out[row])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_rms_norm_matches_reference() -> None:
     x, weight = torch.randn(5, 576) * 3, torch.randn(576)
     torch.testing.assert_close(
