@@ -1,9 +1,11 @@
 """Long prompts of an exact token count, for prefill benchmarks (``tern bench engine --prompt-tokens``).
 
 Each prompt is the bundled calibration text (public domain), repeated to length, behind a line of
-its own ("Document 3 of 8.") so that no two prompts share a prefix and neither server's prefix
-cache can serve one from another. Written as a JSON list of strings, the file is a ``--prompts``
-file for the OpenAI load client that runs Tern and llama-server side by side:
+its own ("Document 3 of 8, 2048 tokens.") so that no two prompts share a prefix, of one length or
+of several, and neither server's prefix cache can serve one from another (with the count alone in
+that line, a 2,048-token prompt began with the 512-token one of the same number, and a prefix
+cache that kept it served a quarter of the longer prompt). Written as a JSON list of strings, the
+file is a ``--prompts`` file for the OpenAI load client that runs Tern and llama-server side by side:
 
     python -m engine.bench.long_prompts --tokens 2048 --count 4 > /tmp/prompts-2048.json
 """
@@ -24,7 +26,7 @@ def long_prompts(tokenizer: Tokenizer, num_tokens: int, count: int) -> list[list
     body = tokenizer.encode(default_calibration_text())
     prompts = []
     for i in range(count):
-        ids = tokenizer.encode(f"Document {i + 1} of {count}.\n")
+        ids = tokenizer.encode(f"Document {i + 1} of {count}, {num_tokens} tokens.\n")
         while len(ids) < num_tokens:
             ids += body[: num_tokens - len(ids)]
         prompts.append(ids[:num_tokens])
