@@ -2,8 +2,8 @@
  *
  * One query token per row attends to its row's first context_lens[r] cached keys, read in place
  * through the row's block table (no gather into a padded copy, no mask). Chunks of a row's keys,
- * for one KV head and all its query heads, are shared out among OpenMP threads and merged in a
- * fixed order (paged_attention.inc), so a row's output depends neither on the batch nor on the
+ * for all its heads, are shared out among OpenMP threads and merged in a fixed order
+ * (paged_attention.inc), so a row's output depends neither on the batch nor on the
  * thread count, and one long row still uses every thread.
  * The cache is float32 or float16 (llama.cpp's default: half the bytes a step reads, and a
  * float16 element converts to float32 in one instruction, F16C); arithmetic is float32.
@@ -16,10 +16,62 @@
 
 #include "kernels.h"
 
-/* Keys per work item; a row of C keys is ceil(C / KEYS_PER_CHUNK) items per KV head. */
+/* Keys per work item; a row of C keys is ceil(C / KEYS_PER_CHUNK) items. */
 #define KEYS_PER_CHUNK 128
 /* How many positions ahead a row's keys and values are prefetched (about a memory latency of work). */
 #define PREFETCH_KEYS 8
+
+/* CALL(n) with n = min(heads, 4) as a constant, so each head count gets its own code. */
+#define BY_HEADS(heads, CALL)       \
+    do {                            \
+        if ((heads) >= 4)           \
+            CALL(4);                \
+        else if ((heads) == 3)      \
+            CALL(3);                \
+        else if ((heads) == 2)      \
+            CALL(2);                \
+        else                        \
+            CALL(1);                \
+    } while (0)
+
+/* offsets[t - start] = the first element of position t of a row (block table `table`) in a cache
+ * laid out [blocks, block_size, token_stride], for t in [start, end). */
+static void chunk_offsets(const int32_t *table, int64_t start, int64_t end, int64_t block_size, int64_t token_stride,
+                          int64_t *offsets) {
+    for (int64_t t = start; t < end; t++)
+        offsets[t - start] = ((int64_t)table[t / block_size] * block_size + t % block_size) * token_stride;
+}
+
+/* s [n] scores -> exp(s - max), in place, with the max and the sum of the exponentials. */
+static void softmax_chunk(float *s, int64_t n, float *top_out, float *total_out) {
+    float top = -INFINITY; /* a max is exact, whatever the order */
+    int64_t t = 0;
+#ifdef __AVX2__
+    __m256 top8 = _mm256_set1_ps(-INFINITY);
+    for (; t + 8 <= n; t += 8) top8 = _mm256_max_ps(top8, _mm256_loadu_ps(s + t));
+    __m128 top4 = _mm_max_ps(_mm256_castps256_ps128(top8), _mm256_extractf128_ps(top8, 1));
+    top4 = _mm_max_ps(top4, _mm_movehl_ps(top4, top4));
+    top = _mm_cvtss_f32(_mm_max_ss(top4, _mm_movehdup_ps(top4)));
+#endif
+    for (; t < n; t++) top = s[t] > top ? s[t] : top;
+    float total = 0.0f;
+    t = 0;
+#ifdef __AVX2__
+    __m256 sum8 = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(s + t), _mm256_set1_ps(top)));
+        _mm256_storeu_ps(s + t, e);
+        sum8 = _mm256_add_ps(sum8, e);
+    }
+    total = hsum8(sum8);
+#endif
+    for (; t < n; t++) {
+        s[t] = exp_scalar(s[t] - top);
+        total += s[t];
+    }
+    *top_out = top;
+    *total_out = total;
+}
 
 #define CAT2(a, b) a##_##b
 #define CAT(a, b) CAT2(a, b)

@@ -286,7 +286,7 @@ def _dequantize_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 def activation_dtype(model: nn.Module) -> torch.dtype:
     """The dtype the model computes in: its embedding's (the KV cache follows it)."""
     embedding = next(m for m in model.modules() if isinstance(m, nn.Embedding | Q8Embedding))
-    return torch.float32 if isinstance(embedding, Q8Embedding) else embedding.weight.dtype
+    return embedding.dtype if isinstance(embedding, Q8Embedding) else embedding.weight.dtype
 
 
 def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kernels: bool = True) -> int:
