@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cpu-kernels",
         choices=["auto", "c", "torch"],
         default=defaults.cpu_kernels,
-        help="the CPU fast path's kernels: auto (the C kernels where the CPU has no native bf16, "
-        "torch's bf16 ones where it has), c (the C kernels, float32 activations) or torch",
+        help="the CPU fast path's kernels: auto (the C kernels, float32 activations, for a GGUF "
+        "wherever they build; else torch's, in bf16 where the CPU has it natively), c or torch",
     )
     p.add_argument(
         "--no-pack-cpu-linears",

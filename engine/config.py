@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from engine.cpu import kernels as cpu_kernels
+
 
 @dataclass
 class EngineConfig:
@@ -18,12 +20,13 @@ class EngineConfig:
     """auto | cpu | cuda; auto picks CUDA when available."""
     dtype: str = "auto"
     """auto | float32 | float16 | bfloat16. auto is bfloat16 on CUDA, and on a CPU with native bf16
-    arithmetic (AVX512-BF16 or AMX); float32 elsewhere. float32 is the exact path that matches
-    transformers; bfloat16 on CPU is the fast path (docs/engine.md, "The CPU fast path")."""
+    arithmetic (AVX512-BF16 or AMX) where torch's kernels serve (:meth:`EngineConfig.cpu_bf16_kernels`);
+    float32 elsewhere. float32 is the exact path that matches transformers; the CPU fast path keeps a
+    GGUF's quantized weights (docs/engine.md, "The CPU fast path")."""
     cpu_kernels: str = "auto"
     """auto | c | torch: the kernels of the CPU fast path (``--dtype auto``). auto: the C kernels of
-    ``engine/cpu`` in float32 where the CPU has no native bf16, torch's bf16 kernels where it has;
-    c: the C kernels on any CPU (float32 activations); torch: torch's kernels everywhere."""
+    ``engine/cpu`` (float32 activations) for a GGUF wherever they build, else torch's kernels (in bf16
+    where the CPU has it natively); c: the C kernels on any CPU; torch: torch's kernels everywhere."""
     block_size: int = 16
     """Tokens per KV-cache block (a power of two for the CUDA kernel)."""
     kv_cache_gib: float | None = None
@@ -99,9 +102,21 @@ class EngineConfig:
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
-            fast_bf16 = device.type == "cuda" or (self.cpu_kernels != "c" and cpu_has_native_bf16())
-            return torch.bfloat16 if fast_bf16 else torch.float32
+            return torch.bfloat16 if device.type == "cuda" or self.cpu_bf16_kernels() else torch.float32
         return getattr(torch, self.dtype)
+
+    def cpu_bf16_kernels(self) -> bool:
+        """Whether the CPU fast path computes in bf16 on torch's kernels rather than in float32 on the C
+        kernels: only with native bf16 (emulated, bf16 is slower than float32), and only where asked
+        (``torch``) or where the C kernels cannot serve (not a GGUF, no C compiler). On an AMX Xeon the
+        C kernels served the default GGUF 2.3-2.4x faster than torch's bf16 kernels at one stream and
+        1.3-1.5x at 16 (docs/engine.md, "On an Intel Xeon with AMX")."""
+        if self.cpu_kernels == "c" or not cpu_has_native_bf16():
+            return False
+        if self.cpu_kernels == "torch":
+            return True
+        gguf = self.model is None or Path(self.model).suffix == ".gguf"
+        return not (gguf and cpu_kernels.available())
 
     def resolved_num_threads(self, *, steps_in_c: bool = False) -> int:
         if self.num_threads:

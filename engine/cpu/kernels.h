@@ -11,6 +11,13 @@
 #include <immintrin.h>
 #endif
 
+/* AVX-512 with its byte and word instructions (Intel since Skylake-SP, AMD since Zen 4): the matmul
+ * tiles hold one quantization block a register. -DTERN_NO_AVX512 builds the AVX2 tiles instead (to
+ * compare the two on one machine). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__) && !defined(TERN_NO_AVX512)
+#define TERN_AVX512 1
+#endif
+
 /* Weight scales (and Q4_1 mins) are float16, as GGUF stores them: the bits, as uint16_t. */
 int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
                      const uint16_t *wm, int64_t N, float *out);

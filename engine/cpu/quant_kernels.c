@@ -4,7 +4,8 @@
  *
  * Each row of x is quantized on the fly to int16 with one float scale dx (15 bits against the row's
  * largest value; llama.cpp's int8 blocks lose enough to flip near-tied greedy tokens), and each
- * block product is an integer dot product (AVX2: vpmaddwd), scaled once per block:
+ * block product is an integer dot product (vpmaddwd: a block a 512-bit register with AVX-512, two
+ * 256-bit halves with AVX2), scaled once per block:
  *
  *   q4_1 weights (GGUF Q4_1): w = code * d + m, code 0..15, two codes a byte (byte j holds elements
  *        j and j + 16 of its block);  x . w = dx * sum_blocks(dw * sum(code * qx)) + sum_blocks(m * dx * sum(qx)).
@@ -130,15 +131,82 @@ static inline __attribute__((always_inline)) float min_term(const Weights *w, in
     return total;
 }
 
-#ifdef __AVX2__
-/* One float16 scale, converted and broadcast to 8 lanes (two instructions). */
-static inline __m256 broadcast_half(const uint16_t *h) {
-    return _mm256_cvtph_ps(_mm_set1_epi16((short)*h));
+/* The scales of weight rows [n0, n1) as float32, [n1 - n0, nb]: converted once per tile, so that in
+ * the inner loops each block's scale reaches the multiply as a broadcast from memory. */
+static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
+    const int64_t count = (n1 - n0) * w->nb;
+    const uint16_t *h = w->d + n0 * w->nb;
+    int64_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < count; i++) out[i] = half_to_float(h[i]);
 }
 
-static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r0,
-                                                            int64_t n0, int64_t N, float *out, const int RR,
-                                                            const int CC) {
+/* Each micro-kernel: RR rows of x from r0 against CC weight rows from n0, whose float scales start at
+ * dw (dw[j * nb + b]: weight row n0 + j, block b). */
+#if defined(TERN_AVX512)
+/* One block a register: its 32 weights widened to int16 against the row's 32 int16 codes, one
+ * vpmaddwd, one conversion and one FMA per block, row and column. */
+static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const float *dw, const QuantizedRows *x,
+                                                            int64_t r0, int64_t n0, int64_t N, float *out,
+                                                            const int RR, const int CC) {
+    const int64_t nb = w->nb;
+    const __m512i low = _mm512_set1_epi16(0x0F);
+    /* the block's 16 bytes in both halves: lanes 0..15 keep the low nibbles (elements 0..15), lanes
+     * 16..31 are shifted to the high ones (elements 16..31) */
+    const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+    __m512 acc[4][4];
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i codes[4];
+        for (int j = 0; j < CC; j++) {
+            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * 16;
+            _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
+            const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)wb)));
+            codes[j] = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), low);
+        }
+        for (int i = 0; i < RR; i++) {
+            const __m512i xq = _mm512_loadu_si512((const void *)(x->qs + ((r0 + i) * nb + b) * QK));
+            for (int j = 0; j < CC; j++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(codes[j], xq)),
+                                            _mm512_set1_ps(dw[j * nb + b]), acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++)
+            out[(r0 + i) * N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
+}
+
+static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x,
+                                                            int64_t r0, int64_t n0, int64_t N, float *out,
+                                                            const int RR, const int CC) {
+    const int64_t nb = w->nb;
+    __m512 acc[4][4];
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i codes[4];
+        for (int j = 0; j < CC; j++) {
+            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * QK;
+            _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
+            codes[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
+        }
+        for (int i = 0; i < RR; i++) {
+            const __m512i xq = _mm512_loadu_si512((const void *)(x->qs + ((r0 + i) * nb + b) * QK));
+            for (int j = 0; j < CC; j++)
+                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(codes[j], xq)),
+                                            _mm512_set1_ps(dw[j * nb + b]), acc[i][j]);
+        }
+    }
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) * x->d[r0 + i];
+}
+#elif defined(__AVX2__)
+static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const float *dw, const QuantizedRows *x,
+                                                            int64_t r0, int64_t n0, int64_t N, float *out,
+                                                            const int RR, const int CC) {
     const int64_t nb = w->nb;
     const __m256i low = _mm256_set1_epi16(0x0F);
     __m256 acc[4][4];
@@ -146,7 +214,6 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
         for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i first[4], second[4]; /* the block's codes 0..15 and 16..31 as int16 */
-        __m256 dw[4];
         for (int j = 0; j < CC; j++) {
             const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * 16;
             _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
@@ -154,16 +221,14 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
             const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
             first[j] = _mm256_and_si256(bytes, low);
             second[j] = _mm256_srli_epi16(bytes, 4);
-            dw[j] = broadcast_half(w->d + (n0 + j) * nb + b);
         }
         for (int i = 0; i < RR; i++) {
-            const int64_t r = r0 + i;
-            const int16_t *xb = x->qs + (r * nb + b) * QK;
+            const int16_t *xb = x->qs + ((r0 + i) * nb + b) * QK;
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
             for (int j = 0; j < CC; j++) {
                 const __m256i prod = _mm256_add_epi32(_mm256_madd_epi16(first[j], x0), _mm256_madd_epi16(second[j], x1));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), dw[j], acc[i][j]);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(dw[j * nb + b]), acc[i][j]);
             }
         }
     }
@@ -171,31 +236,28 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
         for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum8(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
 }
 
-static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r0,
-                                                            int64_t n0, int64_t N, float *out, const int RR,
-                                                            const int CC) {
+static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x,
+                                                            int64_t r0, int64_t n0, int64_t N, float *out,
+                                                            const int RR, const int CC) {
     const int64_t nb = w->nb;
     __m256 acc[4][4];
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i first[4], second[4]; /* the block's codes 0..15 and 16..31 as int16 */
-        __m256 dw[4];
         for (int j = 0; j < CC; j++) {
             const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * QK;
             _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
             first[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
             second[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-            dw[j] = broadcast_half(w->d + (n0 + j) * nb + b);
         }
         for (int i = 0; i < RR; i++) {
-            const int64_t r = r0 + i;
-            const int16_t *xb = x->qs + (r * nb + b) * QK;
+            const int16_t *xb = x->qs + ((r0 + i) * nb + b) * QK;
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
             const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
             for (int j = 0; j < CC; j++) {
                 const __m256i prod = _mm256_add_epi32(_mm256_madd_epi16(first[j], x0), _mm256_madd_epi16(second[j], x1));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), dw[j], acc[i][j]);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(dw[j * nb + b]), acc[i][j]);
             }
         }
     }
@@ -204,8 +266,8 @@ static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, co
 }
 #else
 /* Portable version: the same per-element arithmetic without vectors. */
-static inline void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r0, int64_t n0, int64_t N, float *out,
-                             const int RR, const int CC) {
+static inline void tile_q4_1(const Weights *w, const float *dw, const QuantizedRows *x, int64_t r0, int64_t n0,
+                             int64_t N, float *out, const int RR, const int CC) {
     const int64_t nb = w->nb;
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) {
@@ -216,14 +278,14 @@ static inline void tile_q4_1(const Weights *w, const QuantizedRows *x, int64_t r
                 const int16_t *qx = x->qs + (r * nb + b) * QK;
                 int sum = 0;
                 for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
-                total += half_to_float(w->d[n * nb + b]) * (float)sum;
+                total += dw[j * nb + b] * (float)sum;
             }
             out[r * N + n] = total * x->d[r] + min_term(w, n, x, r);
         }
 }
 
-static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r0, int64_t n0, int64_t N, float *out,
-                             const int RR, const int CC) {
+static inline void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x, int64_t r0, int64_t n0,
+                             int64_t N, float *out, const int RR, const int CC) {
     const int64_t nb = w->nb;
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) {
@@ -234,20 +296,25 @@ static inline void tile_q8_0(const Weights *w, const QuantizedRows *x, int64_t r
                 const int16_t *qx = x->qs + (r * nb + b) * QK;
                 int sum = 0;
                 for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
-                total += half_to_float(w->d[n * nb + b]) * (float)sum;
+                total += dw[j * nb + b] * (float)sum;
             }
             out[r * N + n] = total * x->d[r];
         }
 }
 #endif
 
-/* One tile of TILE_N weight rows against RR rows of x from r0: 2 weight rows at a time, an odd last
- * one alone. RR is a constant at each use, so each micro-kernel is compiled for its shape. */
-#define COLUMNS(TILE_FN, RR)                                                                      \
-    do {                                                                                          \
-        int64_t n = n_begin;                                                                      \
-        for (; n + 2 <= n_end; n += 2) TILE_FN(w, &q, r0, n, N, out, RR, 2);                      \
-        for (; n < n_end; n++) TILE_FN(w, &q, r0, n, N, out, RR, 1);                              \
+/* Weight rows per micro-kernel (at most 4). 2 keeps AVX2's 16 registers from spilling at 4 rows of x;
+ * 4 measured slower with AVX-512 too (docs/engine.md, "On an Intel Xeon with AMX"). */
+#define TILE_COLUMNS 2
+
+/* One tile of TILE_N weight rows against RR rows of x from r0: TILE_COLUMNS weight rows at a time, the
+ * last ones alone. RR is a constant at each use, so each micro-kernel is compiled for its shape. */
+#define COLUMNS(TILE_FN, RR)                                                                                  \
+    do {                                                                                                      \
+        int64_t n = n_begin;                                                                                  \
+        for (; n + TILE_COLUMNS <= n_end; n += TILE_COLUMNS)                                                  \
+            TILE_FN(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, TILE_COLUMNS);                  \
+        for (; n < n_end; n++) TILE_FN(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, 1);          \
     } while (0)
 
 /* One tile against all rows of x: 4 rows at a time, then a tail of 3, 2 or 1 (a verification
@@ -272,21 +339,30 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
         return -1;
     }
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
-    /* Guided: each thread first takes a long run of consecutive tiles (one stream through the weight,
-     * which the prefetchers follow: twice as fast as tiles handed out one by one), then shorter runs,
-     * so that when the OS preempts one thread (the server's event loop and a client share the cores)
-     * the other takes over the tail instead of waiting for it. */
-#pragma omp parallel for schedule(guided)
-    for (int64_t t = 0; t < tiles; t++) {
-        const int64_t n_begin = t * TILE_N;
-        const int64_t n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
-        if (q4)
-            TILE_LOOP(tile_q4_1);
-        else
-            TILE_LOOP(tile_q8_0);
+    int failed = 0;
+#pragma omp parallel reduction(| : failed)
+    {
+        float *scales = (float *)malloc((size_t)(TILE_N * w->nb) * sizeof(float)); /* this thread's tile's */
+        failed = scales == NULL;
+        /* Guided: each thread first takes a long run of consecutive tiles (one stream through the
+         * weight, which the prefetchers follow: twice as fast as tiles handed out one by one), then
+         * shorter runs, so that when the OS preempts one thread (the server's event loop and a client
+         * share the cores) the other takes over the tail instead of waiting for it. */
+#pragma omp for schedule(guided)
+        for (int64_t t = 0; t < tiles; t++) {
+            if (!scales) continue;
+            const int64_t n_begin = t * TILE_N;
+            const int64_t n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
+            tile_scales(w, n_begin, n_end, scales);
+            if (q4)
+                TILE_LOOP(tile_q4_1);
+            else
+                TILE_LOOP(tile_q8_0);
+        }
+        free(scales);
     }
     free_rows(&q);
-    return 0;
+    return failed ? -1 : 0;
 }
 
 /* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d and m [N, K/32] float16. 0 on

@@ -35,6 +35,8 @@ NATIVE_BF16 = onednn_packing_available() and cpu_has_native_bf16()
 needs_native_bf16 = pytest.mark.skipif(
     not NATIVE_BF16, reason="oneDNN's bf16 linears need a CPU with native bf16 (AVX512-BF16 or AMX)"
 )
+DEFAULT_ON_TORCH_BF16 = NATIVE_BF16 and EngineConfig(device="cpu").cpu_bf16_kernels()
+"""The default config computes in bf16 on torch's kernels: native bf16 and no C compiler."""
 
 # Measured: 18.924 against 18.907 in float32 (+0.09%, AMD EPYC); the issue's bar is 1%.
 MAX_PERPLEXITY_CHANGE = 0.01
@@ -113,20 +115,20 @@ def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
     engine = fast_engine()
     model = engine.runner.model
     layer = model.model.layers[0]
-    # native bf16: torch's int4 kernel and a oneDNN-packed bf16 lm_head (the tied Q8_0 embedding);
-    # else a float32 model on the C kernels: Q4_1 linears and a Q8_0 lm_head
-    int4_type = Int4PackedCpuLinear if NATIVE_BF16 else Q4CpuLinear
+    # a float32 model on the C kernels: Q4_1 linears and a Q8_0 lm_head; without them, on native bf16:
+    # torch's int4 kernel and a oneDNN-packed bf16 lm_head (the tied Q8_0 embedding)
+    int4_type = Int4PackedCpuLinear if DEFAULT_ON_TORCH_BF16 else Q4CpuLinear
     assert isinstance(layer.self_attn.qkv_proj, int4_type)
     assert isinstance(layer.mlp.gate_up_proj, int4_type)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
-    assert isinstance(model.lm_head, OneDnnPackedLinear if NATIVE_BF16 else Q8CpuLinear)
+    assert isinstance(model.lm_head, OneDnnPackedLinear if DEFAULT_ON_TORCH_BF16 else Q8CpuLinear)
     # on the C kernels the tied embedding is looked up from the lm_head's Q8_0 blocks (no float table)
-    assert isinstance(model.model.embed_tokens, nn.Embedding if NATIVE_BF16 else Q8Embedding)
-    assert engine.runner.kv_cache.dtype == (torch.bfloat16 if NATIVE_BF16 else torch.float16)
+    assert isinstance(model.model.embed_tokens, nn.Embedding if DEFAULT_ON_TORCH_BF16 else Q8Embedding)
+    assert engine.runner.kv_cache.dtype == (torch.bfloat16 if DEFAULT_ON_TORCH_BF16 else torch.float16)
     # on the C kernels, decode steps run all layers in one call (engine/cpu/decoder_layer.py), and the
     # engine's default thread count takes every core for them
-    assert (model.model.decode_kernel is None) == NATIVE_BF16
-    assert engine.steps_in_c == (not NATIVE_BF16)
+    assert (model.model.decode_kernel is None) == DEFAULT_ON_TORCH_BF16
+    assert engine.steps_in_c == (not DEFAULT_ON_TORCH_BF16)
     assert pack_cpu_linears(model) == 0  # nothing left to pack
 
 

@@ -78,6 +78,22 @@ def test_q8_0_matmul_matches_reference(rows: int) -> None:
     assert (out - exact).norm() / exact.norm() < 0.02
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_long_rows_match_reference(rows: int) -> None:
+    """34 blocks a row: the scales are converted 8 and 16 at a time with a tail (the short rows above
+    have 3 and 4), and q4_1's min term sums whole vectors of blocks."""
+    k = 34 * 32
+    qweight, scales, mins = q4_weight(19, k, seed=2)
+    x = torch.randn(rows, k)
+    out = kernels.matmul_q4_1(x, qweight, scales, mins)
+    torch.testing.assert_close(out, kernels.matmul_q4_1_ref(x, qweight, scales, mins), rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernels.matmul_q4_1(x[-1:], qweight, scales, mins)[0], out[-1])
+    q8_weight, q8_scales = kernels.quantize_q8_0(torch.randn(19, k))
+    out = kernels.matmul_q8_0(x, q8_weight, q8_scales)
+    torch.testing.assert_close(out, kernels.matmul_q8_0_ref(x, q8_weight, q8_scales), rtol=1e-5, atol=1e-5)
+    assert torch.equal(kernels.matmul_q8_0(x[-1:], q8_weight, q8_scales)[0], out[-1])
+
+
 def test_q8_0_requantization_gives_a_q8_0_tensor_its_codes_back() -> None:
     codes = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
     codes[:, ::32] = 127  # every block reaches the full range, as GGUF's quantizer makes it

@@ -61,16 +61,25 @@ def test_probe_requests_are_left_out_of_the_access_log() -> None:
 
 
 @pytest.mark.parametrize("native_bf16", [True, False])
-def test_cpu_kernels_choose_the_fast_paths_dtype(monkeypatch: pytest.MonkeyPatch, native_bf16: bool) -> None:
-    """``--cpu-kernels c`` computes in float32 (the C kernels' path) even where bf16 is native; auto
-    and torch keep bf16 there."""
+@pytest.mark.parametrize("c_builds", [True, False])
+def test_cpu_kernels_choose_the_fast_paths_dtype(
+    monkeypatch: pytest.MonkeyPatch, native_bf16: bool, c_builds: bool
+) -> None:
+    """A GGUF runs on the C kernels in float32 wherever they build, native bf16 or not; torch's
+    kernels compute in bf16 where it is native: when asked for, for a checkpoint that is not a GGUF,
+    or where the C kernels cannot be built."""
     monkeypatch.setattr(config_module, "cpu_has_native_bf16", lambda: native_bf16)
+    monkeypatch.setattr(config_module.cpu_kernels, "available", lambda: c_builds)
     cpu = torch.device("cpu")
+    bf16_if_native = torch.bfloat16 if native_bf16 else torch.float32
     assert EngineConfig(cpu_kernels="c").resolved_dtype(cpu) == torch.float32
-    for kernels in ("auto", "torch"):
-        expected = torch.bfloat16 if native_bf16 else torch.float32
-        assert EngineConfig(cpu_kernels=kernels).resolved_dtype(cpu) == expected
+    assert EngineConfig(cpu_kernels="torch").resolved_dtype(cpu) == bf16_if_native
+    for model in (None, "/models/smol.Q4_1.gguf"):
+        expected = torch.float32 if c_builds else bf16_if_native
+        assert EngineConfig(model=model).resolved_dtype(cpu) == expected
+    assert EngineConfig(model="/models/llama-hf").resolved_dtype(cpu) == bf16_if_native
     assert EngineConfig(cpu_kernels="c", dtype="bfloat16").resolved_dtype(cpu) == torch.bfloat16
+    assert EngineConfig(dtype="auto").resolved_dtype(torch.device("cuda")) == torch.bfloat16
     with pytest.raises(ValueError, match="cpu_kernels must be auto, c or torch"):
         EngineConfig(cpu_kernels="fast")
 
