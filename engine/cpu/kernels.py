@@ -154,6 +154,24 @@ def pack_q4_1(codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor) -> 
     return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
 
 
+TILE_N = 16
+"""Output columns per tile of the matmul kernels (``TILE_N`` in quant_kernels.c)."""
+
+
+def tile_mins_shape(n: int, k: int) -> tuple[int, int, int]:
+    return (-(-n // TILE_N), k // BLOCK, TILE_N)
+
+
+def tile_mins(mins: torch.Tensor) -> torch.Tensor:
+    """q4_1 mins [N, K / 32] -> [N / 16 rounded up, K / 32, 16] float16, zero past N: the layout the
+    kernel reads a tile's mins in, so that it adds the min term to 8 columns a vector."""
+    n, blocks = mins.shape
+    tiles = tile_mins_shape(n, blocks * BLOCK)[0]
+    padded = torch.zeros(tiles * TILE_N, blocks, dtype=torch.float16)
+    padded[:n] = mins
+    return padded.reshape(tiles, TILE_N, blocks).transpose(1, 2).contiguous()
+
+
 def unpack_q4_1(packed: torch.Tensor) -> torch.Tensor:
     n, half = packed.shape
     blocks = packed.reshape(n, half * 2 // BLOCK, BLOCK // 2)
@@ -183,11 +201,13 @@ def matmul_q4_1(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 ) -> torch.Tensor:
     """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W from :func:`pack_q4_1`
-    (w = code * scale + min; scales and mins float16)."""
+    (w = code * scale + min; scales and mins float16, mins [N, K / 32] or from :func:`tile_mins`)."""
     x = _rows(x)
     m, k = x.shape
     n = qweight.shape[0]
-    if qweight.shape[1] * 2 != k or scales.shape != (n, k // BLOCK) or mins.shape != scales.shape:
+    if mins.dim() == 2 and mins.shape == scales.shape:
+        mins = tile_mins(mins)
+    if qweight.shape[1] * 2 != k or scales.shape != (n, k // BLOCK) or mins.shape != tile_mins_shape(n, k):
         raise KernelError(f"rows of {k} do not fit a q4_1 weight {tuple(qweight.shape)}")
     _half_scales(scales, mins)
     out = torch.empty(m, n, dtype=torch.float32)

@@ -81,7 +81,7 @@ static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width,
 typedef struct {
     const void *qweight; /* q4_1: [N, K/2] bytes; q8_0: [N, K] int8 */
     const uint16_t *scales; /* [N, K/32] float16 */
-    const uint16_t *mins;   /* [N, K/32] float16, q4_1 only */
+    const uint16_t *mins;   /* [N/16 rounded up, K/32, 16] float16, q4_1 only (kernels.tile_mins) */
     const float *bias;   /* [N] or NULL */
     int64_t out_features, in_features;
     int32_t q4; /* 1: q4_1, 0: q8_0 */

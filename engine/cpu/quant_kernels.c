@@ -103,44 +103,58 @@ static void free_rows(QuantizedRows *q) {
 }
 
 /* Micro-kernels: RR rows of x against CC weight rows, every output element one float accumulator
- * over the blocks in order, then its horizontal sum, then the min term (q4_1): the same arithmetic
+ * over the blocks in order, then its horizontal sum (q4_1's min term is added per tile): the same arithmetic
  * for an element whichever micro-kernel computes it, so the result does not depend on the batch.
  * Several elements at once hide the latency of each accumulator's chain of FMAs. */
 typedef struct {
     const uint8_t *qs; /* q4_1: [N, nb, 16] bytes; q8_0: [N, nb, 32] int8 */
     const uint16_t *d; /* [N, nb] float16 */
-    const uint16_t *m; /* q4_1 only: [N, nb] float16 */
+    const uint16_t *m; /* q4_1 only: [N / TILE_N rounded up, nb, TILE_N] float16 (see tile_mins) */
     int64_t nb;
 } Weights;
 
-/* sum over blocks of m[n, b] * s[r, b]: q4_1's min term. Eight blocks a vector: a scalar chain of
- * dependent additions here cost as much as the whole integer dot product. */
-static inline __attribute__((always_inline)) float min_term(const Weights *w, int64_t n, const QuantizedRows *x,
-                                                            int64_t r) {
-    const uint16_t *m = w->m + n * w->nb;
-    const float *s = x->s + r * w->nb;
-    int64_t b = 0;
-    float total = 0.0f;
-#if defined(__AVX2__) && defined(__F16C__)
-    __m256 acc = _mm256_setzero_ps();
-    for (; b + 8 <= w->nb; b += 8)
-        acc = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(m + b))), _mm256_loadu_ps(s + b), acc);
-    total = hsum8(acc);
-#endif
-    for (; b < w->nb; b++) total += half_to_float(m[b]) * s[b];
-    return total;
-}
-
-/* The scales of weight rows [n0, n1) as float32, [n1 - n0, nb]: converted once per tile, so that in
- * the inner loops each block's scale reaches the multiply as a broadcast from memory. */
-static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
-    const int64_t count = (n1 - n0) * w->nb;
-    const uint16_t *h = w->d + n0 * w->nb;
+/* float16 -> float32, count of them (8 at a time where the CPU has F16C). */
+static void halves_to_floats(const uint16_t *h, int64_t count, float *out) {
     int64_t i = 0;
 #if defined(__AVX2__) && defined(__F16C__)
     for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
 #endif
     for (; i < count; i++) out[i] = half_to_float(h[i]);
+}
+
+/* q4_1's min term, sum over blocks of m[n, b] * s[r, b], for a whole tile: its mins are stored tile by
+ * tile, block by block ([N / TILE_N, nb, TILE_N], zero past N: kernels.tile_mins), so each row takes 8
+ * columns a vector, one FMA chain per element in block order. Per output element (a horizontal sum
+ * and a scalar tail each) it had cost a quarter of a 16-row GEMM at K = 576. */
+static void tile_mins(const Weights *w, int64_t tile, float *mins) {
+    halves_to_floats(w->m + tile * w->nb * TILE_N, w->nb * TILE_N, mins);
+}
+
+static void add_min_terms(const float *mins, const QuantizedRows *x, int64_t M, int64_t nb, int64_t n0, int64_t n1,
+                          int64_t N, float *out) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *s = x->s + r * nb;
+        float sums[TILE_N];
+#ifdef __AVX2__
+        __m256 acc[TILE_N / 8];
+        for (int v = 0; v < TILE_N / 8; v++) acc[v] = _mm256_setzero_ps();
+        for (int64_t b = 0; b < nb; b++)
+            for (int v = 0; v < TILE_N / 8; v++)
+                acc[v] = _mm256_fmadd_ps(_mm256_set1_ps(s[b]), _mm256_loadu_ps(mins + b * TILE_N + v * 8), acc[v]);
+        for (int v = 0; v < TILE_N / 8; v++) _mm256_storeu_ps(sums + v * 8, acc[v]);
+#else
+        for (int j = 0; j < TILE_N; j++) sums[j] = 0.0f;
+        for (int64_t b = 0; b < nb; b++)
+            for (int j = 0; j < TILE_N; j++) sums[j] = fmaf(s[b], mins[b * TILE_N + j], sums[j]);
+#endif
+        for (int64_t n = n0; n < n1; n++) out[r * N + n] += sums[n - n0];
+    }
+}
+
+/* The scales of weight rows [n0, n1) as float32, [n1 - n0, nb]: converted once per tile, so that in
+ * the inner loops each block's scale reaches the multiply as a broadcast from memory. */
+static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
+    halves_to_floats(w->d + n0 * w->nb, (n1 - n0) * w->nb, out);
 }
 
 /* Each micro-kernel: RR rows of x from r0 against CC weight rows from n0, whose float scales start at
@@ -176,7 +190,7 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
     }
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++)
-            out[(r0 + i) * N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
+            out[(r0 + i) * N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) * x->d[r0 + i];
 }
 
 static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x,
@@ -233,7 +247,7 @@ static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, co
         }
     }
     for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum8(acc[i][j]) * x->d[r0 + i] + min_term(w, n0 + j, x, r0 + i);
+        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum8(acc[i][j]) * x->d[r0 + i];
 }
 
 static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x,
@@ -280,7 +294,7 @@ static inline void tile_q4_1(const Weights *w, const float *dw, const QuantizedR
                 for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
                 total += dw[j * nb + b] * (float)sum;
             }
-            out[r * N + n] = total * x->d[r] + min_term(w, n, x, r);
+            out[r * N + n] = total * x->d[r];
         }
 }
 
@@ -342,7 +356,8 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        float *scales = (float *)malloc((size_t)(TILE_N * w->nb) * sizeof(float)); /* this thread's tile's */
+        /* this thread's tile's scales, then (q4_1) its mins */
+        float *scales = (float *)malloc((size_t)(TILE_N * w->nb * (q4 ? 2 : 1)) * sizeof(float));
         failed = scales == NULL;
         /* Guided: each thread first takes a long run of consecutive tiles (one stream through the
          * weight, which the prefetchers follow: twice as fast as tiles handed out one by one), then
@@ -354,10 +369,14 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
             const int64_t n_begin = t * TILE_N;
             const int64_t n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
             tile_scales(w, n_begin, n_end, scales);
-            if (q4)
+            if (q4) {
+                float *mins = scales + TILE_N * w->nb;
+                tile_mins(w, t, mins);
                 TILE_LOOP(tile_q4_1);
-            else
+                add_min_terms(mins, &q, M, w->nb, n_begin, n_end, N, out);
+            } else {
                 TILE_LOOP(tile_q8_0);
+            }
         }
         free(scales);
     }
@@ -365,8 +384,8 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
     return failed ? -1 : 0;
 }
 
-/* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d and m [N, K/32] float16. 0 on
- * success. */
+/* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d [N, K/32] float16, m the mins
+ * tile by tile [N/16 rounded up, K/32, 16] float16 (zero past N). 0 on success. */
 int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
                      const uint16_t *wm, int64_t N, float *out) {
     const Weights w = {wq, wd, wm, K / QK};

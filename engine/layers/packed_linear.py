@@ -194,8 +194,9 @@ class Q4CpuLinear(nn.Module):
         with torch.no_grad():
             # float16, as GGUF stores them (int4_weight() holds them in fp16 precision: no rounding)
             self.scales = weight.scales.repeat_interleave(repeat, dim=1).half().contiguous()
-            self.mins = weight.mins.repeat_interleave(repeat, dim=1).half().contiguous()
-            self.qweight = cpu_kernels.pack_q4_1(weight.codes, self.scales, self.mins)
+            mins = weight.mins.repeat_interleave(repeat, dim=1).half().contiguous()
+            self.qweight = cpu_kernels.pack_q4_1(weight.codes, self.scales, mins)
+            self.mins = cpu_kernels.tile_mins(mins)  # the kernel's layout: tile by tile
         self.bias = None if linear.bias is None else linear.bias.detach().float()
 
     @staticmethod
