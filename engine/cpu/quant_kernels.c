@@ -157,56 +157,33 @@ static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
     halves_to_floats(w->d + n0 * w->nb, (n1 - n0) * w->nb, out);
 }
 
-/* Each micro-kernel: RR rows of x from r0 against CC weight rows from n0, whose float scales start at
- * dw (dw[j * nb + b]: weight row n0 + j, block b). */
+/* The micro-kernel: RR rows of x from r0 against CC weight rows from n0, whose float scales start at
+ * dw (dw[j * nb + b]: weight row n0 + j, block b). Q4 (a constant at each use) picks the weight
+ * format, which only changes how a block's codes are unpacked. */
 #if defined(TERN_AVX512)
-/* One block a register: its 32 weights widened to int16 against the row's 32 int16 codes, one
- * vpmaddwd, one conversion and one FMA per block, row and column. */
-static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const float *dw, const QuantizedRows *x,
-                                                            int64_t r0, int64_t n0, int64_t N, float *out,
-                                                            const int RR, const int CC) {
-    const int64_t nb = w->nb;
-    const __m512i low = _mm512_set1_epi16(0x0F);
+/* Block b of weight row n as 32 int16 codes, in the order of the row's activations. */
+static inline __attribute__((always_inline)) __m512i block_codes(const Weights *w, int64_t n, int64_t b, const int Q4) {
+    const uint8_t *wb = w->qs + (n * w->nb + b) * (Q4 ? 16 : QK);
+    _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
+    if (!Q4) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
     /* the block's 16 bytes in both halves: lanes 0..15 keep the low nibbles (elements 0..15), lanes
      * 16..31 are shifted to the high ones (elements 16..31) */
     const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    __m512 acc[4][4];
-    for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) acc[i][j] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m512i codes[4];
-        for (int j = 0; j < CC; j++) {
-            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * 16;
-            _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-            const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)wb)));
-            codes[j] = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), low);
-        }
-        for (int i = 0; i < RR; i++) {
-            const __m512i xq = _mm512_loadu_si512((const void *)(x->qs + ((r0 + i) * nb + b) * QK));
-            for (int j = 0; j < CC; j++)
-                acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_madd_epi16(codes[j], xq)),
-                                            _mm512_set1_ps(dw[j * nb + b]), acc[i][j]);
-        }
-    }
-    for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++)
-            out[(r0 + i) * N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) * x->d[r0 + i];
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)wb)));
+    return _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi16(0x0F));
 }
 
-static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x,
-                                                            int64_t r0, int64_t n0, int64_t N, float *out,
-                                                            const int RR, const int CC) {
+/* One block a register: one vpmaddwd, one conversion and one FMA per block, row and column. */
+static inline __attribute__((always_inline)) void tile(const Weights *w, const float *dw, const QuantizedRows *x,
+                                                       int64_t r0, int64_t n0, int64_t N, float *out, const int RR,
+                                                       const int CC, const int Q4) {
     const int64_t nb = w->nb;
     __m512 acc[4][4];
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m512i codes[4];
-        for (int j = 0; j < CC; j++) {
-            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * QK;
-            _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-            codes[j] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
-        }
+        for (int j = 0; j < CC; j++) codes[j] = block_codes(w, n0 + j, b, Q4);
         for (int i = 0; i < RR; i++) {
             const __m512i xq = _mm512_loadu_si512((const void *)(x->qs + ((r0 + i) * nb + b) * QK));
             for (int j = 0; j < CC; j++)
@@ -218,53 +195,31 @@ static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, co
         for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = _mm512_reduce_add_ps(acc[i][j]) * x->d[r0 + i];
 }
 #elif defined(__AVX2__)
-static inline __attribute__((always_inline)) void tile_q4_1(const Weights *w, const float *dw, const QuantizedRows *x,
-                                                            int64_t r0, int64_t n0, int64_t N, float *out,
-                                                            const int RR, const int CC) {
-    const int64_t nb = w->nb;
-    const __m256i low = _mm256_set1_epi16(0x0F);
-    __m256 acc[4][4];
-    for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i first[4], second[4]; /* the block's codes 0..15 and 16..31 as int16 */
-        for (int j = 0; j < CC; j++) {
-            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * 16;
-            _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-            /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
-            const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
-            first[j] = _mm256_and_si256(bytes, low);
-            second[j] = _mm256_srli_epi16(bytes, 4);
-        }
-        for (int i = 0; i < RR; i++) {
-            const int16_t *xb = x->qs + ((r0 + i) * nb + b) * QK;
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xb + 16));
-            for (int j = 0; j < CC; j++) {
-                const __m256i prod = _mm256_add_epi32(_mm256_madd_epi16(first[j], x0), _mm256_madd_epi16(second[j], x1));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(prod), _mm256_set1_ps(dw[j * nb + b]), acc[i][j]);
-            }
-        }
+/* Block b of weight row n as int16 codes: elements 0..15 into *first, 16..31 into *second. */
+static inline __attribute__((always_inline)) void block_codes(const Weights *w, int64_t n, int64_t b, const int Q4,
+                                                              __m256i *first, __m256i *second) {
+    const uint8_t *wb = w->qs + (n * w->nb + b) * (Q4 ? 16 : QK);
+    _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
+    if (Q4) { /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
+        *first = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
+        *second = _mm256_srli_epi16(bytes, 4);
+    } else {
+        *first = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
+        *second = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
     }
-    for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) out[(r0 + i) * N + n0 + j] = hsum8(acc[i][j]) * x->d[r0 + i];
 }
 
-static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x,
-                                                            int64_t r0, int64_t n0, int64_t N, float *out,
-                                                            const int RR, const int CC) {
+static inline __attribute__((always_inline)) void tile(const Weights *w, const float *dw, const QuantizedRows *x,
+                                                       int64_t r0, int64_t n0, int64_t N, float *out, const int RR,
+                                                       const int CC, const int Q4) {
     const int64_t nb = w->nb;
     __m256 acc[4][4];
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) acc[i][j] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i first[4], second[4]; /* the block's codes 0..15 and 16..31 as int16 */
-        for (int j = 0; j < CC; j++) {
-            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * QK;
-            _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-            first[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
-            second[j] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
-        }
+        __m256i first[4], second[4];
+        for (int j = 0; j < CC; j++) block_codes(w, n0 + j, b, Q4, &first[j], &second[j]);
         for (int i = 0; i < RR; i++) {
             const int16_t *xb = x->qs + ((r0 + i) * nb + b) * QK;
             const __m256i x0 = _mm256_loadu_si256((const __m256i *)xb);
@@ -280,38 +235,27 @@ static inline __attribute__((always_inline)) void tile_q8_0(const Weights *w, co
 }
 #else
 /* Portable version: the same per-element arithmetic without vectors. */
-static inline void tile_q4_1(const Weights *w, const float *dw, const QuantizedRows *x, int64_t r0, int64_t n0,
-                             int64_t N, float *out, const int RR, const int CC) {
-    const int64_t nb = w->nb;
-    for (int i = 0; i < RR; i++)
-        for (int j = 0; j < CC; j++) {
-            const int64_t r = r0 + i, n = n0 + j;
-            float total = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *wq = w->qs + (n * nb + b) * 16;
-                const int16_t *qx = x->qs + (r * nb + b) * QK;
-                int sum = 0;
-                for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
-                total += dw[j * nb + b] * (float)sum;
-            }
-            out[r * N + n] = total * x->d[r];
-        }
+static inline int block_dot(const Weights *w, int64_t n, int64_t b, const int16_t *qx, const int Q4) {
+    int sum = 0;
+    if (Q4) {
+        const uint8_t *wq = w->qs + (n * w->nb + b) * 16;
+        for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
+    } else {
+        const int8_t *wq = (const int8_t *)w->qs + (n * w->nb + b) * QK;
+        for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
+    }
+    return sum;
 }
 
-static inline void tile_q8_0(const Weights *w, const float *dw, const QuantizedRows *x, int64_t r0, int64_t n0,
-                             int64_t N, float *out, const int RR, const int CC) {
+static inline void tile(const Weights *w, const float *dw, const QuantizedRows *x, int64_t r0, int64_t n0, int64_t N,
+                        float *out, const int RR, const int CC, const int Q4) {
     const int64_t nb = w->nb;
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) {
             const int64_t r = r0 + i, n = n0 + j;
             float total = 0.0f;
-            for (int64_t b = 0; b < nb; b++) {
-                const int8_t *wq = (const int8_t *)w->qs + (n * nb + b) * QK;
-                const int16_t *qx = x->qs + (r * nb + b) * QK;
-                int sum = 0;
-                for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
-                total += dw[j * nb + b] * (float)sum;
-            }
+            for (int64_t b = 0; b < nb; b++)
+                total += dw[j * nb + b] * (float)block_dot(w, n, b, x->qs + (r * nb + b) * QK, Q4);
             out[r * N + n] = total * x->d[r];
         }
 }
@@ -322,27 +266,28 @@ static inline void tile_q8_0(const Weights *w, const float *dw, const QuantizedR
 #define TILE_COLUMNS 2
 
 /* One tile of TILE_N weight rows against RR rows of x from r0: TILE_COLUMNS weight rows at a time, the
- * last ones alone. RR is a constant at each use, so each micro-kernel is compiled for its shape. */
-#define COLUMNS(TILE_FN, RR)                                                                                  \
-    do {                                                                                                      \
-        int64_t n = n_begin;                                                                                  \
-        for (; n + TILE_COLUMNS <= n_end; n += TILE_COLUMNS)                                                  \
-            TILE_FN(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, TILE_COLUMNS);                  \
-        for (; n < n_end; n++) TILE_FN(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, 1);          \
+ * last ones alone. RR and Q4 are constants at each use, so each micro-kernel is compiled for its shape
+ * and format. */
+#define COLUMNS(Q4, RR)                                                                                 \
+    do {                                                                                                \
+        int64_t n = n_begin;                                                                            \
+        for (; n + TILE_COLUMNS <= n_end; n += TILE_COLUMNS)                                            \
+            tile(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, TILE_COLUMNS, Q4);           \
+        for (; n < n_end; n++) tile(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, 1, Q4);   \
     } while (0)
 
 /* One tile against all rows of x: 4 rows at a time, then a tail of 3, 2 or 1 (a verification
  * step's drafts) in one micro-kernel, so the weights are unpacked once for it. */
-#define TILE_LOOP(TILE_FN)                                                                        \
+#define TILE_LOOP(Q4)                                                                             \
     do {                                                                                          \
         int64_t r0 = 0;                                                                           \
-        for (; r0 + 4 <= M; r0 += 4) COLUMNS(TILE_FN, 4);                                         \
+        for (; r0 + 4 <= M; r0 += 4) COLUMNS(Q4, 4);                                              \
         if (M - r0 == 3)                                                                          \
-            COLUMNS(TILE_FN, 3);                                                                  \
+            COLUMNS(Q4, 3);                                                                       \
         else if (M - r0 == 2)                                                                     \
-            COLUMNS(TILE_FN, 2);                                                                  \
+            COLUMNS(Q4, 2);                                                                       \
         else if (M - r0 == 1)                                                                     \
-            COLUMNS(TILE_FN, 1);                                                                  \
+            COLUMNS(Q4, 1);                                                                       \
     } while (0)
 
 static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_t N, float *out, int q4) {
@@ -372,10 +317,10 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
             if (q4) {
                 float *mins = scales + TILE_N * w->nb;
                 tile_mins(w, t, mins);
-                TILE_LOOP(tile_q4_1);
+                TILE_LOOP(1);
                 add_min_terms(mins, &q, M, w->nb, n_begin, n_end, N, out);
             } else {
-                TILE_LOOP(tile_q8_0);
+                TILE_LOOP(0);
             }
         }
         free(scales);
