@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_model(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "threads": torch.get_num_threads(),
+        "q4_1_kernel": "vnni, tile by tile" if cpu_kernels.q4_1_tiled() else "row by row",
         "commit": git_commit(),
         "results": results,
         "decode_step_linears": step,

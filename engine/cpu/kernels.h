@@ -18,9 +18,17 @@
 #define TERN_AVX512 1
 #endif
 
+/* q4_1 with VNNI's vpdpwssd and the weight stored tile by tile (quant_kernels.c, tiled_q4_1): built only
+ * with -DTERN_Q4_VNNI (TERN_CPU_VNNI=1, engine/cpu/kernels.py) until it is measured against the tiles
+ * above on a CPU that has it (docs/engine.md, "CPU linears"). */
+#if defined(TERN_AVX512) && defined(__AVX512VNNI__) && defined(TERN_Q4_VNNI)
+#define TERN_Q4_TILED 1
+#endif
+
 /* Weight scales (and Q4_1 mins) are float16, as GGUF stores them: the bits, as uint16_t. */
 int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
                      const uint16_t *wm, int64_t N, float *out);
+int tern_q4_1_tiled(void);
 int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const uint16_t *wd, int64_t N,
                      float *out);
 int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,

@@ -41,6 +41,13 @@ SOURCES = tuple(
 )
 INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
+VNNI_ENV = "TERN_CPU_VNNI"
+"""Set to 1 to build the q4_1 kernel for AVX-512 VNNI (weights tile by tile, ``tiled_q4_1`` in
+quant_kernels.c) where the CPU has it: opt-in until measured on such a CPU (docs/engine.md)."""
+
+
+def _flags() -> tuple[str, ...]:
+    return FLAGS + (("-DTERN_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "1" else ())
 
 
 class KernelError(RuntimeError):
@@ -66,7 +73,8 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str) -> Path:
     source = b"".join(path.read_bytes() for path in SOURCES + INCLUDES)
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_signature().encode()).hexdigest()[:16]
+    flags = _flags()
+    key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
     target = _cache_dir() / f"tern_cpu_kernels-{key}.so"
     if target.exists():
         return target
@@ -76,7 +84,7 @@ def _build(compiler: str) -> Path:
         partial = Path(tmp.name)
     try:
         subprocess.run(
-            [compiler, *FLAGS, *map(str, SOURCES), "-o", str(partial), "-lm"],
+            [compiler, *flags, *map(str, SOURCES), "-o", str(partial), "-lm"],
             check=True,
             capture_output=True,
             text=True,
@@ -105,6 +113,7 @@ def library() -> ctypes.CDLL | None:
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.tern_matmul_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
     lib.tern_matmul_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
+    lib.tern_q4_1_tiled.argtypes = []
     lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows.restype = None
     # q, k_cache, v_cache, half, block_tables, width, context_lens, B, H, KVH, D, block_size, scale, out
@@ -158,18 +167,46 @@ TILE_N = 16
 """Output columns per tile of the matmul kernels (``TILE_N`` in quant_kernels.c)."""
 
 
-def tile_mins_shape(n: int, k: int) -> tuple[int, int, int]:
+def tiles_shape(n: int, k: int) -> tuple[int, int, int]:
     return (-(-n // TILE_N), k // BLOCK, TILE_N)
 
 
-def tile_mins(mins: torch.Tensor) -> torch.Tensor:
-    """q4_1 mins [N, K / 32] -> [N / 16 rounded up, K / 32, 16] float16, zero past N: the layout the
-    kernel reads a tile's mins in, so that it adds the min term to 8 columns a vector."""
-    n, blocks = mins.shape
-    tiles = tile_mins_shape(n, blocks * BLOCK)[0]
+def tile_blocks(values: torch.Tensor) -> torch.Tensor:
+    """Per-block values [N, K / 32] (q4_1 mins, or scales for the tiled kernel) -> [N / 16 rounded up,
+    K / 32, 16] float16, zero past N: a tile's values block by block, 16 columns a vector load."""
+    n, blocks = values.shape
+    tiles = tiles_shape(n, blocks * BLOCK)[0]
     padded = torch.zeros(tiles * TILE_N, blocks, dtype=torch.float16)
-    padded[:n] = mins
+    padded[:n] = values
     return padded.reshape(tiles, TILE_N, blocks).transpose(1, 2).contiguous()
+
+
+def tile_q4_1(packed: torch.Tensor) -> torch.Tensor:
+    """GGUF-order q4_1 bytes [N, K / 2] -> [N / 16 rounded up, K / 32, 8, 32] bytes, zero past N: chunk
+    j of a tile's block holds, at byte 2c + e, column c's element 4j + e in its low nibble and 4j + 2 + e
+    in its high one (the VNNI kernel's pairs; ``tiled_q4_1`` in quant_kernels.c)."""
+    n, half = packed.shape
+    tiles, blocks, _ = tiles_shape(n, half * 2)
+    codes = torch.zeros(tiles * TILE_N, half * 2, dtype=torch.uint8)
+    codes[:n] = unpack_q4_1(packed)
+    # [tile, column, block, chunk j, nibble h, element e] with element 4j + 2h + e of the block
+    codes = codes.reshape(tiles, TILE_N, blocks, BLOCK // 4, 2, 2).permute(0, 2, 3, 1, 5, 4)
+    return (codes[..., 0] | (codes[..., 1] << 4)).reshape(tiles, blocks, BLOCK // 4, 2 * TILE_N).contiguous()
+
+
+def q4_1_tiled() -> bool:
+    """Whether the loaded kernels read q4_1 codes and scales tile by tile (the VNNI build)."""
+    return bool(_lib().tern_q4_1_tiled())
+
+
+def q4_1_kernel_layout(
+    packed: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A q4_1 weight from :func:`pack_q4_1` (scales and mins [N, K / 32] float16) as the loaded
+    kernels read it: mins always tile by tile, codes and scales too where :func:`q4_1_tiled`."""
+    if q4_1_tiled():
+        return tile_q4_1(packed), tile_blocks(scales), tile_blocks(mins)
+    return packed, scales, tile_blocks(mins)
 
 
 def unpack_q4_1(packed: torch.Tensor) -> torch.Tensor:
@@ -201,15 +238,28 @@ def matmul_q4_1(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor
 ) -> torch.Tensor:
     """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W from :func:`pack_q4_1`
-    (w = code * scale + min; scales and mins float16, mins [N, K / 32] or from :func:`tile_mins`)."""
+    (w = code * scale + min; scales and mins [N, K / 32] float16), laid out for the kernel per call."""
+    n, k = qweight.shape[0], qweight.shape[1] * 2
+    if scales.shape != (n, k // BLOCK) or mins.shape != scales.shape:
+        raise KernelError(f"q4_1 scales and mins are [N, K / 32]: {tuple(scales.shape)}, {tuple(mins.shape)}")
+    _half_scales(scales, mins)
+    return matmul_q4_1_laid_out(x, *q4_1_kernel_layout(qweight, scales, mins), n)
+
+
+def matmul_q4_1_laid_out(
+    x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, n: int
+) -> torch.Tensor:
+    """:func:`matmul_q4_1` on a weight of N rows already in :func:`q4_1_kernel_layout` (what
+    ``Q4CpuLinear`` stores), so that a step pays nothing for the layout."""
     x = _rows(x)
     m, k = x.shape
-    n = qweight.shape[0]
-    if mins.dim() == 2 and mins.shape == scales.shape:
-        mins = tile_mins(mins)
-    if qweight.shape[1] * 2 != k or scales.shape != (n, k // BLOCK) or mins.shape != tile_mins_shape(n, k):
-        raise KernelError(f"rows of {k} do not fit a q4_1 weight {tuple(qweight.shape)}")
+    tiles = tiles_shape(n, k)
+    rows = tiles[0] * TILE_N if q4_1_tiled() else n
+    if qweight.numel() * 2 != rows * k or scales.numel() * BLOCK != rows * k or mins.shape != tiles:
+        raise KernelError(f"rows of {k} do not fit a q4_1 weight of {n} rows {tuple(qweight.shape)}")
     _half_scales(scales, mins)
+    if not qweight.is_contiguous():
+        raise KernelError("q4_1 codes are contiguous")
     out = torch.empty(m, n, dtype=torch.float32)
     _check(
         _lib().tern_matmul_q4_1(

@@ -79,9 +79,9 @@ static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width,
 /* -- the layer --------------------------------------------------------------------------------- */
 
 typedef struct {
-    const void *qweight; /* q4_1: [N, K/2] bytes; q8_0: [N, K] int8 */
-    const uint16_t *scales; /* [N, K/32] float16 */
-    const uint16_t *mins;   /* [N/16 rounded up, K/32, 16] float16, q4_1 only (kernels.tile_mins) */
+    const void *qweight; /* q4_1: [N, K/2] bytes (or tile by tile: kernels.q4_1_kernel_layout); q8_0: [N, K] int8 */
+    const uint16_t *scales; /* [N, K/32] float16 (q4_1: as its codes) */
+    const uint16_t *mins;   /* [N/16 rounded up, K/32, 16] float16, q4_1 only (kernels.tile_blocks) */
     const float *bias;   /* [N] or NULL */
     int64_t out_features, in_features;
     int32_t q4; /* 1: q4_1, 0: q8_0 */

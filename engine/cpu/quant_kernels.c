@@ -107,9 +107,9 @@ static void free_rows(QuantizedRows *q) {
  * for an element whichever micro-kernel computes it, so the result does not depend on the batch.
  * Several elements at once hide the latency of each accumulator's chain of FMAs. */
 typedef struct {
-    const uint8_t *qs; /* q4_1: [N, nb, 16] bytes; q8_0: [N, nb, 32] int8 */
-    const uint16_t *d; /* [N, nb] float16 */
-    const uint16_t *m; /* q4_1 only: [N / TILE_N rounded up, nb, TILE_N] float16 (see tile_mins) */
+    const uint8_t *qs; /* q4_1: [N, nb, 16] bytes (TERN_Q4_TILED: see tiled_q4_1); q8_0: [N, nb, 32] int8 */
+    const uint16_t *d; /* [N, nb] float16 (TERN_Q4_TILED, q4_1: like m) */
+    const uint16_t *m; /* q4_1 only: [N / TILE_N rounded up, nb, TILE_N] float16 (see kernels.tile_blocks) */
     int64_t nb;
 } Weights;
 
@@ -123,7 +123,7 @@ static void halves_to_floats(const uint16_t *h, int64_t count, float *out) {
 }
 
 /* q4_1's min term, sum over blocks of m[n, b] * s[r, b], for a whole tile: its mins are stored tile by
- * tile, block by block ([N / TILE_N, nb, TILE_N], zero past N: kernels.tile_mins), so each row takes 8
+ * tile, block by block ([N / TILE_N, nb, TILE_N], zero past N: kernels.tile_blocks), so each row takes 8
  * columns a vector, one FMA chain per element in block order. Per output element (a horizontal sum
  * and a scalar tail each) it had cost a quarter of a 16-row GEMM at K = 576. */
 static void tile_mins(const Weights *w, int64_t tile, float *mins) {
@@ -261,6 +261,79 @@ static inline void tile(const Weights *w, const float *dw, const QuantizedRows *
 }
 #endif
 
+#ifdef TERN_Q4_TILED
+/* q4_1 with AVX-512 VNNI (opt-in: TERN_CPU_VNNI=1, see kernels.h). The weight is stored tile by tile
+ * so that one register holds a pair of codes from each of the tile's 16 columns (kernels.tile_q4_1):
+ * for tile t and block b, 8 chunks of 32 bytes, chunk j's byte 2c + e holding column c's element
+ * 4j + e in its low nibble and 4j + 2 + e in its high one. Widened to int16, each half of a chunk
+ * then meets one pair of a row's int16 codes, broadcast: vpdpwssd multiplies and adds both products
+ * into the column's int32 lane, so a block costs a row 16 instructions for 16 columns (the tiles
+ * above: a multiply-add, a conversion and an FMA per column) and its dot products are exact integers
+ * (at most 32 * 15 * 32767 < 2^24, so the conversion to float is exact too). Then one FMA per block
+ * applies the 16 columns' scales, in block order: each element the same arithmetic in any batch. */
+static inline int32_t code_pair(const int16_t *codes) {
+    int32_t pair;
+    memcpy(&pair, codes, sizeof pair);
+    return pair;
+}
+
+static inline __attribute__((always_inline)) void tiled_q4_1(const Weights *w, int64_t t, const QuantizedRows *x,
+                                                             int64_t r0, int64_t N, float *out, const int RR) {
+    const int64_t nb = w->nb, K = nb * QK, n0 = t * TILE_N;
+    const uint8_t *codes = w->qs + t * nb * (TILE_N * QK / 2);
+    const uint16_t *d = w->d + t * nb * TILE_N, *m = w->m + t * nb * TILE_N;
+    __m512 acc[8], mins[8];
+    for (int i = 0; i < RR; i++) acc[i] = mins[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *block = codes + b * (TILE_N * QK / 2);
+        for (int line = 0; line < TILE_N * QK / 2; line += 64)
+            _mm_prefetch((const char *)block + PREFETCH_BYTES + line, _MM_HINT_T0);
+        __m512i dots[8];
+        for (int i = 0; i < RR; i++) dots[i] = _mm512_setzero_si512();
+        for (int j = 0; j < QK / 4; j++) {
+            const __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(block + 32 * j)));
+            const __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
+            for (int i = 0; i < RR; i++) {
+                const int16_t *xb = x->qs + (r0 + i) * K + b * QK + 4 * j;
+                dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xb)));
+                dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xb + 2)));
+            }
+        }
+        const __m512 db = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * TILE_N)));
+        const __m512 mb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + b * TILE_N)));
+        for (int i = 0; i < RR; i++) {
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), db, acc[i]);
+            mins[i] = _mm512_fmadd_ps(_mm512_set1_ps(x->s[(r0 + i) * nb + b]), mb, mins[i]);
+        }
+    }
+    const __mmask16 columns = N - n0 >= TILE_N ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
+    for (int i = 0; i < RR; i++)
+        _mm512_mask_storeu_ps(out + (r0 + i) * N + n0, columns,
+                              _mm512_fmadd_ps(acc[i], _mm512_set1_ps(x->d[r0 + i]), mins[i]));
+}
+
+/* Every tile against all rows of x: 8 rows at a time (24 of the 32 registers accumulate), then the
+ * rest in one micro-kernel. */
+static void matmul_tiled_q4_1(const Weights *w, const QuantizedRows *x, int64_t M, int64_t N, float *out) {
+    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
+#pragma omp parallel for schedule(guided)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t r0 = 0;
+        for (; r0 + 8 <= M; r0 += 8) tiled_q4_1(w, t, x, r0, N, out, 8);
+        switch (M - r0) {
+        case 7: tiled_q4_1(w, t, x, r0, N, out, 7); break;
+        case 6: tiled_q4_1(w, t, x, r0, N, out, 6); break;
+        case 5: tiled_q4_1(w, t, x, r0, N, out, 5); break;
+        case 4: tiled_q4_1(w, t, x, r0, N, out, 4); break;
+        case 3: tiled_q4_1(w, t, x, r0, N, out, 3); break;
+        case 2: tiled_q4_1(w, t, x, r0, N, out, 2); break;
+        case 1: tiled_q4_1(w, t, x, r0, N, out, 1); break;
+        default: break;
+        }
+    }
+}
+#endif
+
 /* Weight rows per micro-kernel (at most 4). 2 keeps AVX2's 16 registers from spilling at 4 rows of x;
  * 4 measured slower with AVX-512 too (docs/engine.md, "On an Intel Xeon with AMX"). */
 #define TILE_COLUMNS 2
@@ -297,6 +370,13 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
         free_rows(&q);
         return -1;
     }
+#ifdef TERN_Q4_TILED
+    if (q4) {
+        matmul_tiled_q4_1(w, &q, M, N, out);
+        free_rows(&q);
+        return 0;
+    }
+#endif
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
@@ -330,7 +410,8 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
 }
 
 /* out [M, N] = x [M, K] @ dequant(W)^T; W as q4_1: qs [N, K/2] bytes, d [N, K/32] float16, m the mins
- * tile by tile [N/16 rounded up, K/32, 16] float16 (zero past N). 0 on success. */
+ * tile by tile [N/16 rounded up, K/32, 16] float16 (zero past N); where tern_q4_1_tiled() says so, qs
+ * and d are tile by tile too (kernels.q4_1_kernel_layout). 0 on success. */
 int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
                      const uint16_t *wm, int64_t N, float *out) {
     const Weights w = {wq, wd, wm, K / QK};
@@ -348,4 +429,13 @@ int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, con
 void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s) {
     const int64_t nb = K / QK;
     for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, qs + r * K, d + r, s + r * nb);
+}
+
+/* 1 where this build reads q4_1 codes and scales tile by tile (the VNNI kernel), 0 where row by row. */
+int tern_q4_1_tiled(void) {
+#ifdef TERN_Q4_TILED
+    return 1;
+#else
+    return 0;
+#endif
 }

@@ -195,8 +195,9 @@ class Q4CpuLinear(nn.Module):
             # float16, as GGUF stores them (int4_weight() holds them in fp16 precision: no rounding)
             self.scales = weight.scales.repeat_interleave(repeat, dim=1).half().contiguous()
             mins = weight.mins.repeat_interleave(repeat, dim=1).half().contiguous()
-            self.qweight = cpu_kernels.pack_q4_1(weight.codes, self.scales, mins)
-            self.mins = cpu_kernels.tile_mins(mins)  # the kernel's layout: tile by tile
+            packed = cpu_kernels.pack_q4_1(weight.codes, self.scales, mins)
+            # what the kernel reads: the mins tile by tile, codes and scales too in the VNNI build
+            self.qweight, self.scales, self.mins = cpu_kernels.q4_1_kernel_layout(packed, self.scales, mins)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
 
     @staticmethod
@@ -209,7 +210,9 @@ class Q4CpuLinear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = cpu_kernels.matmul_q4_1(x.reshape(-1, self.in_features), self.qweight, self.scales, self.mins)
+        out = cpu_kernels.matmul_q4_1_laid_out(
+            x.reshape(-1, self.in_features), self.qweight, self.scales, self.mins, self.out_features
+        )
         if self.bias is not None:
             out += self.bias
         return out.reshape(*x.shape[:-1], self.out_features)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from torch import Tensor, nn
@@ -41,6 +46,39 @@ def test_q4_1_packing_round_trips_in_gguf_order() -> None:
     assert torch.equal(kernels.unpack_q4_1(packed), codes.to(torch.uint8))
     # GGUF's Q4_1: byte j of a block holds element j (low nibble) and element j + 16 (high nibble)
     assert packed[0, 0].item() == codes[0, 0].item() | codes[0, 16].item() << 4
+
+
+def test_tiled_q4_1_pairs_the_codes_of_a_tiles_columns_for_the_vnni_kernel() -> None:
+    codes = torch.randint(0, 16, (20, 64))
+    tiled = kernels.tile_q4_1(kernels.pack_q4_1(codes, torch.ones(20, 2), torch.zeros(20, 2)))
+    assert tiled.shape == (2, 2, 8, 32)  # [tiles of 16 columns, blocks, chunks, bytes]
+    # chunk j's byte 2c + e: column c's element 4j + e in the low nibble, 4j + 2 + e in the high one
+    for tile, block, j, c, e in [(0, 0, 0, 0, 0), (0, 1, 3, 5, 1), (1, 0, 7, 3, 0), (1, 1, 2, 2, 1)]:
+        column, element = tile * 16 + c, block * 32 + 4 * j + e
+        expected = codes[column, element].item() | codes[column, element + 2].item() << 4
+        assert tiled[tile, block, j, 2 * c + e].item() == expected
+    assert not tiled[1, :, :, 8:].any()  # columns 20 to 31 do not exist: zero codes
+
+
+def _cpu_has_avx512_vnni() -> bool:
+    return {"avx512f", "avx512bw", "avx512_vnni", "f16c"} <= set(kernels._cpu_signature().split())
+
+
+@pytest.mark.skipif(os.environ.get(kernels.VNNI_ENV) != "1", reason="only in the VNNI build")
+def test_the_vnni_build_reads_q4_1_tile_by_tile() -> None:
+    assert kernels.q4_1_tiled()
+
+
+@pytest.mark.skipif(os.environ.get(kernels.VNNI_ENV) == "1", reason="this run is the VNNI build")
+@pytest.mark.skipif(not _cpu_has_avx512_vnni(), reason="the CPU has no AVX-512 VNNI")
+def test_the_opt_in_vnni_build_passes_the_q4_1_tests_where_the_cpu_has_it(tmp_path: Path) -> None:
+    """The q4_1 tests below again, in a process whose kernels are built with TERN_CPU_VNNI=1."""
+    env = {**os.environ, kernels.VNNI_ENV: "1", "TERN_KERNEL_CACHE": str(tmp_path)}
+    selection = "q4 or rows_do_not_depend or long_rows or vnni"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert " passed" in result.stdout and " failed" not in result.stdout
 
 
 def test_activation_quantizer_matches_reference() -> None:
