@@ -288,17 +288,25 @@ static inline __attribute__((always_inline)) void tiled_q4_1(const Weights *w, i
         const uint8_t *block = codes + b * (TILE_N * QK / 2);
         for (int line = 0; line < TILE_N * QK / 2; line += 64)
             _mm_prefetch((const char *)block + PREFETCH_BYTES + line, _MM_HINT_T0);
-        __m512i dots[8];
+        /* Up to 4 rows, the high halves go to a second chain (integer sums: the same result), so that
+         * a decode step's one row is not held up by the latency of one chain of 16. */
+        __m512i dots[8], highs[8];
         for (int i = 0; i < RR; i++) dots[i] = _mm512_setzero_si512();
+        for (int i = 0; i < RR && RR <= 4; i++) highs[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
         for (int j = 0; j < QK / 4; j++) {
             const __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(block + 32 * j)));
             const __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
             for (int i = 0; i < RR; i++) {
                 const int16_t *xb = x->qs + (r0 + i) * K + b * QK + 4 * j;
                 dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xb)));
-                dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xb + 2)));
+                if (RR <= 4)
+                    highs[i] = _mm512_dpwssd_epi32(highs[i], high, _mm512_set1_epi32(code_pair(xb + 2)));
+                else
+                    dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xb + 2)));
             }
         }
+        for (int i = 0; i < RR && RR <= 4; i++) dots[i] = _mm512_add_epi32(dots[i], highs[i]);
         const __m512 db = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * TILE_N)));
         const __m512 mb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + b * TILE_N)));
         for (int i = 0; i < RR; i++) {
