@@ -194,6 +194,7 @@ def tile_q4_1(packed: torch.Tensor) -> torch.Tensor:
     return (codes[..., 0] | (codes[..., 1] << 4)).reshape(tiles, blocks, BLOCK // 4, 2 * TILE_N).contiguous()
 
 
+@functools.cache
 def q4_1_tiled() -> bool:
     """Whether the loaded kernels read q4_1 codes and scales tile by tile (the VNNI build)."""
     return bool(_lib().tern_q4_1_tiled())
