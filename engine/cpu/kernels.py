@@ -10,9 +10,10 @@ block by block, reading a weight tile once for all the rows of a step (docs/engi
 
 The shared library is compiled with ``-march=native`` for the CPU it runs on and cached under
 ``$TERN_KERNEL_CACHE`` (default ``~/.cache/tern/kernels``), keyed by the source, the flags and the
-CPU's features; building takes about a second. With no C compiler, :func:`library` returns None and
-the engine keeps torch's kernels. OpenMP threads are torch's own (the same libgomp), so
-``--num-threads`` applies.
+CPU's features; building takes a few seconds (4-5 on the 2-core VM). With no C compiler,
+:func:`library` returns None and the engine keeps torch's kernels. OpenMP threads are torch's own
+(the same libgomp), so ``--num-threads`` applies. ``TERN_CPU_VNNI=1`` adds the opt-in q4_1 kernel
+for AVX-512 VNNI (:data:`VNNI_ENV`).
 """
 
 from __future__ import annotations
