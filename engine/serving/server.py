@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import ErrorKind, RequestError, RequestOutput
+from engine.cpu.openmp import adopt_torch_thread_count, release_openmp_threads
 from engine.metrics import StatsLog
 from engine.serving.frames import Frame, error_frame, to_frames
 from engine.serving.requests import engine_request
@@ -80,6 +81,9 @@ class EngineThread:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
+        # Loading the model left this thread an OpenMP pool; with the step thread's own, libgomp would
+        # manage more threads than CPUs and stop spinning at barriers (engine/cpu/openmp.py).
+        release_openmp_threads()
         self._thread.start()
 
     def stop(self) -> None:
@@ -170,6 +174,7 @@ class EngineThread:
     # -- engine thread --------------------------------------------------------------------
 
     def _run(self) -> None:
+        adopt_torch_thread_count()  # --num-threads for this thread's kernels too (engine/cpu/openmp.py)
         while not self._stop.is_set():
             self._run_commands()
             if not self.engine.has_unfinished_requests():

@@ -1,0 +1,74 @@
+"""The engine's OpenMP thread handling (engine/cpu/openmp.py): the server's step thread must be the
+only OpenMP pool of the process, with the configured team size."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from engine.cpu import openmp
+
+pytestmark = pytest.mark.skipif(openmp._runtime() is None, reason="the OpenMP runtime is not libgomp")
+
+
+def _in_new_thread(fn: Callable[[], object]) -> object:
+    """fn's result, run on a fresh thread (its OpenMP pool dies with it; pytest's own is untouched)."""
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(fn()))
+    thread.start()
+    thread.join()
+    return result[0]
+
+
+def _process_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_releasing_frees_the_calling_threads_openmp_workers() -> None:
+    """After a parallel op on two threads the pool keeps a worker; released, it is gone, and the
+    next parallel op starts one again and still computes the right thing."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs for a pool with a worker")
+
+    def run() -> tuple[int, int, bool, bool]:
+        torch.set_num_threads(2)
+        a = torch.randn(512, 512)
+        expected = a @ a
+        with_pool = _process_threads()
+        released = openmp.release_openmp_threads()
+        without = _process_threads()
+        return with_pool, without, released, torch.allclose(a @ a, expected)
+
+    previous = torch.get_num_threads()
+    try:
+        with_pool, without, released, same = _in_new_thread(run)  # type: ignore[misc]
+    finally:
+        torch.set_num_threads(previous)
+    assert released and same
+    assert without < with_pool
+
+
+def test_a_new_thread_takes_the_torch_thread_count_as_its_team_size() -> None:
+    """libgomp starts a new thread at every CPU whatever torch.set_num_threads said on the main
+    thread; adopting the count fixes that before any torch op runs there."""
+    if len(os.sched_getaffinity(0)) < 2 or os.environ.get("OMP_NUM_THREADS"):
+        pytest.skip("needs libgomp's default team (every CPU) to be more than one thread")
+    runtime = openmp._runtime()
+    assert runtime is not None
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        before = _in_new_thread(runtime.omp_get_max_threads)
+
+        def adopted() -> int:
+            openmp.adopt_torch_thread_count()
+            return runtime.omp_get_max_threads()
+
+        after = _in_new_thread(adopted)
+    finally:
+        torch.set_num_threads(previous)
+    assert before > 1 and after == 1
