@@ -30,7 +30,7 @@ def _process_threads() -> int:
 
 def test_releasing_frees_the_calling_threads_openmp_workers() -> None:
     """After a parallel op on two threads the pool keeps a worker; released, it is gone, and the
-    next parallel op starts one again and still computes the right thing."""
+    next parallel op still computes the same result."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPUs for a pool with a worker")
 
