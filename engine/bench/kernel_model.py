@@ -2,8 +2,8 @@
 
     python -m engine.bench.kernel_model [--march sapphirerapids] [--mcpu icelake-server]
 
-Compiles the AVX-512 tiles and the opt-in VNNI kernel of ``engine/cpu/quant_kernels.c`` for
-``--march`` (GCC, as the engine builds them, plus ``-DTERN_Q4_VNNI``), takes each micro-kernel's
+Compiles the AVX-512 tiles and the VNNI kernel of ``engine/cpu/quant_kernels.c`` for
+``--march`` (GCC, as the engine builds them), takes each micro-kernel's
 inner loop (one block) from the assembly and asks ``llvm-mca`` how many cycles an iteration costs
 on ``--mcpu``'s scheduling model. Prints JSON: multiply-adds per cycle for each micro-kernel.
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         c_file, asm = Path(tmp, "model.c"), Path(tmp, "model.s")
         c_file.write_text(wrappers())
-        flags = ["-O3", f"-march={args.march}", "-fopenmp", "-std=c11", "-DTERN_Q4_VNNI", "-S"]
+        flags = ["-O3", f"-march={args.march}", "-fopenmp", "-std=c11", "-S"]
         subprocess.run([compiler, *flags, str(c_file), "-o", str(asm)], check=True, capture_output=True)
         assembly = asm.read_text().splitlines()
         for name, (_, macs) in KERNELS.items():

@@ -12,8 +12,9 @@ The shared library is compiled with ``-march=native`` for the CPU it runs on and
 ``$TERN_KERNEL_CACHE`` (default ``~/.cache/tern/kernels``), keyed by the source, the flags and the
 CPU's features; building takes a few seconds (4-5 on the 2-core VM). With no C compiler,
 :func:`library` returns None and the engine keeps torch's kernels. OpenMP threads are torch's own
-(the same libgomp), so ``--num-threads`` applies. ``TERN_CPU_VNNI=1`` adds the opt-in q4_1 kernel
-for AVX-512 VNNI (:data:`VNNI_ENV`).
+(the same libgomp), so ``--num-threads`` applies. Where the CPU has AVX-512 VNNI, q4_1 runs through
+its own kernel (weights tile by tile); ``TERN_CPU_VNNI=0`` builds the AVX-512 tiles' q4_1 instead
+(:data:`VNNI_ENV`).
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ SOURCES = tuple(
 INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 VNNI_ENV = "TERN_CPU_VNNI"
-"""Set to 1 to build the q4_1 kernel for AVX-512 VNNI (weights tile by tile, ``tiled_q4_1`` in
-quant_kernels.c) where the CPU has it: opt-in until measured on such a CPU (docs/engine.md)."""
+"""Set to 0 to build q4_1 with the AVX-512 tiles where the CPU has AVX-512 VNNI, whose own kernel
+(weights tile by tile, ``tiled_q4_1`` in quant_kernels.c) is otherwise the one built: to compare the
+two on one machine (docs/engine.md, "The VNNI q4_1 kernel")."""
 
 
 def _flags() -> tuple[str, ...]:
-    return FLAGS + (("-DTERN_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "1" else ())
+    return FLAGS + (("-DTERN_NO_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "0" else ())
 
 
 class KernelError(RuntimeError):

@@ -262,7 +262,7 @@ static inline void tile(const Weights *w, const float *dw, const QuantizedRows *
 #endif
 
 #ifdef TERN_Q4_TILED
-/* q4_1 with AVX-512 VNNI (opt-in: TERN_CPU_VNNI=1, see kernels.h). The weight is stored tile by tile
+/* q4_1 with AVX-512 VNNI (where the CPU has it; TERN_CPU_VNNI=0 turns it off, see kernels.h). The weight is stored tile by tile
  * so that one register holds a pair of codes from each of the tile's 16 columns (kernels.tile_q4_1):
  * for tile t and block b, 8 chunks of 32 bytes, chunk j's byte 2c + e holding column c's element
  * 4j + e in its low nibble and 4j + 2 + e in its high one. Widened to int16, each half of a chunk

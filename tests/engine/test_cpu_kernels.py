@@ -64,16 +64,17 @@ def _cpu_has_avx512_vnni() -> bool:
     return {"avx512f", "avx512bw", "avx512_vnni", "f16c"} <= set(kernels._cpu_signature().split())
 
 
-@pytest.mark.skipif(os.environ.get(kernels.VNNI_ENV) != "1", reason="only in the VNNI build")
-def test_the_vnni_build_reads_q4_1_tile_by_tile() -> None:
-    assert kernels.q4_1_tiled()
-
-
-@pytest.mark.skipif(os.environ.get(kernels.VNNI_ENV) == "1", reason="this run is the VNNI build")
 @pytest.mark.skipif(not _cpu_has_avx512_vnni(), reason="the CPU has no AVX-512 VNNI")
-def test_the_opt_in_vnni_build_passes_the_q4_1_tests_where_the_cpu_has_it(tmp_path: Path) -> None:
-    """The q4_1 tests below again, in a process whose kernels are built with TERN_CPU_VNNI=1."""
-    env = {**os.environ, kernels.VNNI_ENV: "1", "TERN_KERNEL_CACHE": str(tmp_path)}
+def test_q4_1_reads_tile_by_tile_where_the_cpu_has_vnni_unless_turned_off() -> None:
+    assert kernels.q4_1_tiled() == (os.environ.get(kernels.VNNI_ENV) != "0")
+
+
+@pytest.mark.skipif(os.environ.get(kernels.VNNI_ENV) == "0", reason="this run is the build without VNNI")
+@pytest.mark.skipif(not _cpu_has_avx512_vnni(), reason="the CPU has no AVX-512 VNNI")
+def test_the_q4_1_tests_pass_with_vnni_turned_off(tmp_path: Path) -> None:
+    """The q4_1 tests below again, in a process whose kernels are built with TERN_CPU_VNNI=0 (the AVX-512
+    tiles' q4_1), so that both q4_1 kernels are tested on every machine that has AVX-512 VNNI."""
+    env = {**os.environ, kernels.VNNI_ENV: "0", "TERN_KERNEL_CACHE": str(tmp_path)}
     selection = "q4 or rows_do_not_depend or long_rows or vnni"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selection]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
