@@ -262,15 +262,15 @@ static inline void tile(const Weights *w, const float *dw, const QuantizedRows *
 #endif
 
 #ifdef TERN_Q4_TILED
-/* q4_1 with AVX-512 VNNI (where the CPU has it; TERN_CPU_VNNI=0 turns it off, see kernels.h). The weight is stored tile by tile
- * so that one register holds a pair of codes from each of the tile's 16 columns (kernels.tile_q4_1):
- * for tile t and block b, 8 chunks of 32 bytes, chunk j's byte 2c + e holding column c's element
- * 4j + e in its low nibble and 4j + 2 + e in its high one. Widened to int16, each half of a chunk
- * then meets one pair of a row's int16 codes, broadcast: vpdpwssd multiplies and adds both products
- * into the column's int32 lane, so a block costs a row 16 instructions for 16 columns (the tiles
- * above: a multiply-add, a conversion and an FMA per column) and its dot products are exact integers
- * (at most 32 * 15 * 32767 < 2^24, so the conversion to float is exact too). Then one FMA per block
- * applies the 16 columns' scales, in block order: each element the same arithmetic in any batch. */
+/* q4_1 with AVX-512 VNNI (where the CPU has it; TERN_CPU_VNNI=0 turns it off, see kernels.h). The weight
+ * is stored tile by tile so that one register holds a pair of codes from each of the tile's 16 columns
+ * (kernels.tile_q4_1): for tile t and block b, 8 chunks of 32 bytes, chunk j's byte 2c + e holding column
+ * c's element 4j + e in its low nibble and 4j + 2 + e in its high one. Widened to int16, each half of a
+ * chunk then meets one pair of a row's int16 codes, broadcast: vpdpwssd multiplies and adds both products
+ * into the column's int32 lane, so a block costs a row 16 instructions for 16 columns (the tiles above: a
+ * multiply-add, a conversion and an FMA per column) and its dot products are exact integers (at most 32 *
+ * 15 * 32767 < 2^24, so the conversion to float is exact too). Then one FMA per block applies the 16
+ * columns' scales, in block order: each element the same arithmetic in any batch. */
 static inline int32_t code_pair(const int16_t *codes) {
     int32_t pair;
     memcpy(&pair, codes, sizeof pair);
