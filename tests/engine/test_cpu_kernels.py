@@ -134,10 +134,11 @@ def test_long_rows_match_reference(rows: int) -> None:
 
 
 def test_q8_0_requantization_gives_a_q8_0_tensor_its_codes_back() -> None:
-    codes = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
+    rows = 4100  # more than one chunk of the quantizer's rows
+    codes = torch.randint(-127, 128, (rows, 64), dtype=torch.int8)
     codes[:, ::32] = 127  # every block reaches the full range, as GGUF's quantizer makes it
-    scales = (torch.rand(8, 2) + 0.01).half()  # float16, as GGUF stores them
-    weight = (codes.float().reshape(8, 2, 32) * scales.float()[..., None]).reshape(8, 64)
+    scales = (torch.rand(rows, 2) + 0.01).half()  # float16, as GGUF stores them
+    weight = (codes.float().reshape(rows, 2, 32) * scales.float()[..., None]).reshape(rows, 64)
     again, again_scales = kernels.quantize_q8_0(weight)
     assert torch.equal(again, codes)
     assert torch.equal(again_scales, scales)

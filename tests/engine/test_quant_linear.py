@@ -40,6 +40,17 @@ def test_int4_linear_computes_with_its_quantized_weight(backend: str, group_size
     assert (out - linear(x)).abs().max() < 0.1 * linear(x).abs().max()
 
 
+def test_int4_linear_takes_unpadded_codes_without_a_copy() -> None:
+    """Loading holds every layer's codes once, not twice (the load-time memory peak)."""
+    q = rtn_quantize(torch.randn(16, 64), 32)
+    layer = Int4Linear(q, None, backend="torch")
+    assert layer.codes.data_ptr() == q.codes.data_ptr()
+    x = torch.randn(3, 64)
+    scales, mins = (t.half().float().repeat_interleave(32, 1) for t in (q.scales, q.mins))
+    w = q.codes.float() * scales + mins
+    torch.testing.assert_close(layer(x), x @ w.t(), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("batch", [1, 3, 16])
 def test_ternary_linear_computes_bitlinear(backend: str, batch: int) -> None:

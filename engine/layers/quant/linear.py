@@ -56,8 +56,10 @@ class Int4Linear(nn.Module):
             self.register_buffer("mins", mins.to(device))
         else:
             k_pad = weight.scales.shape[1] * weight.group_size
-            codes = torch.zeros((weight.out_features, k_pad), dtype=torch.uint8)
-            codes[:, : weight.in_features] = weight.codes
+            codes = weight.codes  # taken as it is where no padding is needed: no second copy while loading
+            if k_pad != weight.in_features or not codes.is_contiguous():
+                codes = torch.zeros((weight.out_features, k_pad), dtype=torch.uint8)
+                codes[:, : weight.in_features] = weight.codes
             self.register_buffer("codes", codes.to(device))
             self.register_buffer("scales", weight.scales.half().to(device))
             self.register_buffer("mins", weight.mins.half().to(device))
