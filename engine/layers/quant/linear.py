@@ -57,7 +57,7 @@ class Int4Linear(nn.Module):
         else:
             k_pad = weight.scales.shape[1] * weight.group_size
             codes = weight.codes  # taken as it is where no padding is needed: no second copy while loading
-            if k_pad != weight.in_features or not codes.is_contiguous():
+            if k_pad != weight.in_features or codes.dtype != torch.uint8 or not codes.is_contiguous():
                 codes = torch.zeros((weight.out_features, k_pad), dtype=torch.uint8)
                 codes[:, : weight.in_features] = weight.codes
             self.register_buffer("codes", codes.to(device))
