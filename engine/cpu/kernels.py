@@ -226,12 +226,12 @@ def quantize_q8_0(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = torch.empty((n, k), dtype=torch.int8)
     scales = torch.empty((n, k // BLOCK), dtype=torch.float16)
     for start in range(0, n, 4096):  # a chunk of rows at a time: no float temporaries of the whole weight
-        blocks = weight[start : start + 4096].float().reshape(-1, k // BLOCK, BLOCK)
+        rows = slice(start, start + 4096)
+        blocks = weight[rows].float().reshape(-1, k // BLOCK, BLOCK)
         chunk_scales = blocks.abs().amax(-1) / 127
         inverse = torch.where(chunk_scales == 0, torch.zeros_like(chunk_scales), 1 / chunk_scales)
-        rounded = torch.round(blocks * inverse[..., None]).clamp(-127, 127)
-        codes[start : start + 4096] = rounded.to(torch.int8).reshape(-1, k)
-        scales[start : start + 4096] = chunk_scales.half()
+        codes[rows] = torch.round(blocks * inverse[..., None]).clamp(-127, 127).to(torch.int8).reshape(-1, k)
+        scales[rows] = chunk_scales.half()
     return codes, scales
 
 
