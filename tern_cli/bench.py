@@ -37,7 +37,7 @@ BENCHMARKS = {
     ),
     "speculative-ceiling": (
         "engine.bench.speculative_ceiling",
-        "what speculation can gain here: step cost by draft rows, the proposer and an oracle replayed",
+        "what speculation can gain here: step cost by draft rows; proposer, oracle, free draft rows replayed",
     ),
     "grammar-libraries": ("engine.bench.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
     "kernels": ("engine.bench.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),

@@ -12,6 +12,10 @@ much of a request's time is prefill (the same work with speculation on or off). 
    included), and through an oracle whose ``k`` drafts are always right, pricing every step on a
    line fitted through (1), relative to a one-row step, and scaling (2)'s decode time by that.
 
+4. replays them once more through the same n-gram lookup drafting all it finds (up to 32 tokens,
+   never backing off) with draft rows priced at nothing: the bound of any faster verification kernel
+   for this lookup, this model and this prefill, per prompt too.
+
 The replay is a model, not a timing (``tern bench speculative`` times the real thing); the oracle
 is the ceiling no proposer can pass with this step cost and prefill share. Prints one JSON object.
 
@@ -37,17 +41,23 @@ from engine.core.speculative import NgramSpeculator
 
 MAX_DRAFTS_TIMED = 8
 ORACLE_DRAFTS = (4, 8, 16)
+FREE_DRAFTS = 32
 
 
-class FixedDrafts(NgramSpeculator):
+class Unthrottled(NgramSpeculator):
+    """The engine's n-gram lookup drafting all it finds, up to ``num_tokens``, never backing off: what
+    it would do if draft rows cost nothing (then more drafts never cost a step)."""
+
+    def record(self, seq: Sequence, *, proposed: int, accepted: int) -> None:
+        pass
+
+
+class FixedDrafts(Unthrottled):
     """As many drafts as there is room for, up to ``num_tokens`` (copies of the last token), never
     adapting: for timing steps by their draft rows."""
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         return tokens[-1:] * k
-
-    def record(self, seq: Sequence, *, proposed: int, accepted: int) -> None:
-        pass
 
 
 def timed_steps(
@@ -105,14 +115,18 @@ def replay(
     return drafts_per_step
 
 
-def step_cost_line(seconds: Seq[float]) -> tuple[float, float]:
+Line = tuple[float, float]  # seconds of a one-row step, and of each draft row
+Run = tuple[list[int], list[float], list[int]]  # a prompt, its steps' seconds, its output
+
+
+def step_cost_line(seconds: Seq[float]) -> Line:
     """Least-squares line through the timed step costs: (one-row step, cost of each draft row).
     Single timings move by a few ms from run to run; the line prices every draft count alike."""
     slope, intercept = np.polyfit(np.arange(len(seconds)), np.asarray(seconds), 1)
     return float(intercept), float(slope)
 
 
-def priced(drafts_per_step: Seq[int], line: tuple[float, float]) -> float:
+def priced(drafts_per_step: Seq[int], line: Line) -> float:
     """Decode time of these steps at ``line``'s cost."""
     base, per_row = line
     return sum(base + per_row * k for k in drafts_per_step)
@@ -126,32 +140,51 @@ def workload(
     max_tokens: int,
 ) -> dict[str, Any]:
     """Greedy outputs with speculation off, timed, then the proposer's and the oracles' replays of
-    their decode steps (every token after the first), priced at the measured step cost."""
+    their decode steps (every token after the first), priced at the measured step cost; and the
+    lookup's replay with draft rows free (what no faster verification can pass), per prompt too."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     runs = [(p, *timed_steps(engine, p, params, None)) for p in prompts]
-    prefill = sum(seconds[0] for _, seconds, _ in runs)  # the first step: prefill, first token sampled
-    decode = sum(sum(seconds[1:]) for _, seconds, _ in runs)
-    decoded = [(p + out[:1], out[1:]) for p, _, out in runs]
     line = step_cost_line(seconds)
-    priced_off = sum(priced([0] * len(out), line) for _, out in decoded)
+    free_rows = (line[0], 0.0)
 
-    def summary(steps: list[list[int]]) -> dict[str, Any]:
+    def summary(runs: list[Run], steps: list[list[int]], line: Line) -> dict[str, Any]:
+        prefill = sum(timing[0] for _, timing, _ in runs)  # the first step: prefill, first token sampled
+        decode = sum(sum(timing[1:]) for _, timing, _ in runs)
+        priced_off = sum(priced([0] * (len(out) - 1), line) for *_, out in runs)
         decode_on = decode * sum(priced(s, line) for s in steps) / priced_off
         return {
             "steps": sum(map(len, steps)),
             "drafts": sum(map(sum, steps)),
-            "drafts_kept": sum(len(out) for _, out in decoded) - sum(map(len, steps)),
+            "drafts_kept": sum(len(out) - 1 for *_, out in runs) - sum(map(len, steps)),
             "decode_speedup": round(decode / decode_on, 3),
             "end_to_end_speedup": round((prefill + decode) / (prefill + decode_on), 3),
         }
 
+    proposer = [replay(p + out[:1], out[1:], speculator=speculator) for p, _, out in runs]
+    unthrottled = Unthrottled(
+        num_tokens=FREE_DRAFTS, ngram_min=speculator.ngram_min, ngram_max=speculator.ngram_max, max_batch=1
+    )
+    lookup_free = [replay(p + out[:1], out[1:], speculator=unthrottled) for p, _, out in runs]
     return {
         "prompts": len(prompts),
         "output_tokens": sum(len(out) for *_, out in runs),
-        "prefill_s": round(prefill, 3),
-        "decode_s": round(decode, 3),
-        "proposer": summary([replay(p, out, speculator=speculator) for p, out in decoded]),
-        "oracle": {k: summary([replay(p, out, oracle=k) for p, out in decoded]) for k in ORACLE_DRAFTS},
+        "prefill_s": round(sum(s[0] for _, s, _ in runs), 3),
+        "decode_s": round(sum(sum(s[1:]) for _, s, _ in runs), 3),
+        "proposer": summary(runs, proposer, line),
+        "lookup_draft_rows_free": summary(runs, lookup_free, free_rows),
+        "oracle": {
+            k: summary(runs, [replay(p + out[:1], out[1:], oracle=k) for p, _, out in runs], line)
+            for k in ORACLE_DRAFTS
+        },
+        "per_prompt": [
+            {
+                "prompt_tokens": len(run[0]),
+                "output_tokens": len(run[2]),
+                "proposer": summary([run], [steps], line)["end_to_end_speedup"],
+                "lookup_draft_rows_free": summary([run], [free], free_rows)["end_to_end_speedup"],
+            }
+            for run, steps, free in zip(runs, proposer, lookup_free, strict=True)
+        ],
     }
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.bench.speculative_ceiling import priced, replay, step_cost_line
+from engine.bench.speculative_ceiling import Unthrottled, priced, replay, step_cost_line
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
@@ -163,5 +163,10 @@ def test_the_ceiling_replay_counts_the_steps_a_proposer_and_an_oracle_need() -> 
     prompt = [7, 8, *output, 9]
     # the answer repeats the prompt: once "7 8" is out, its continuation is drafted and kept
     assert replay(prompt, [7, 8, *output], speculator=speculator) == [0, 0, 4, 4]
+    # the bound with free draft rows drafts all the lookup finds, as far as max_tokens leaves room;
+    # after a rejected draft the lookup needs two tokens past it to match again
+    unthrottled = Unthrottled(num_tokens=32, ngram_min=2, ngram_max=4, max_batch=1)
+    assert replay(prompt, [7, 8, *output], speculator=unthrottled) == [0, 0, 9]
+    assert replay(prompt, [7, 8, 100, 101, 5, *output[2:]], speculator=unthrottled) == [0, 0, 10, 0, 0, 5]
     assert priced([0, 1, 10], (1.0, 0.5)) == 1.0 + 1.5 + 6.0
     assert step_cost_line([1.0, 1.6, 2.0]) == pytest.approx((1.03333, 0.5), abs=1e-4)
