@@ -147,9 +147,12 @@ def workload(
     line = step_cost_line(seconds)
     free_rows = (line[0], 0.0)
 
+    def replays(**how: Any) -> list[list[int]]:
+        """Drafts per decode step of every run (its first token comes with the prefill)."""
+        return [replay(p + out[:1], out[1:], **how) for p, _, out in runs]
+
     def summary(runs: list[Run], steps: list[list[int]], line: Line) -> dict[str, Any]:
-        prefill = sum(timing[0] for _, timing, _ in runs)  # the first step: prefill, first token sampled
-        decode = sum(sum(timing[1:]) for _, timing, _ in runs)
+        prefill, decode = phase_seconds(runs)
         priced_off = sum(priced([0] * (len(out) - 1), line) for *_, out in runs)
         decode_on = decode * sum(priced(s, line) for s in steps) / priced_off
         return {
@@ -160,22 +163,20 @@ def workload(
             "end_to_end_speedup": round((prefill + decode) / (prefill + decode_on), 3),
         }
 
-    proposer = [replay(p + out[:1], out[1:], speculator=speculator) for p, _, out in runs]
-    unthrottled = Unthrottled(
+    proposer = replays(speculator=speculator)
+    lookup = Unthrottled(
         num_tokens=FREE_DRAFTS, ngram_min=speculator.ngram_min, ngram_max=speculator.ngram_max, max_batch=1
     )
-    lookup_free = [replay(p + out[:1], out[1:], speculator=unthrottled) for p, _, out in runs]
+    lookup_free = replays(speculator=lookup)
+    prefill, decode = phase_seconds(runs)
     return {
         "prompts": len(prompts),
         "output_tokens": sum(len(out) for *_, out in runs),
-        "prefill_s": round(sum(s[0] for _, s, _ in runs), 3),
-        "decode_s": round(sum(sum(s[1:]) for _, s, _ in runs), 3),
+        "prefill_s": round(prefill, 3),
+        "decode_s": round(decode, 3),
         "proposer": summary(runs, proposer, line),
         "lookup_draft_rows_free": summary(runs, lookup_free, free_rows),
-        "oracle": {
-            k: summary(runs, [replay(p + out[:1], out[1:], oracle=k) for p, _, out in runs], line)
-            for k in ORACLE_DRAFTS
-        },
+        "oracle": {k: summary(runs, replays(oracle=k), line) for k in ORACLE_DRAFTS},
         "per_prompt": [
             {
                 "prompt_tokens": len(run[0]),
@@ -186,6 +187,11 @@ def workload(
             for run, steps, free in zip(runs, proposer, lookup_free, strict=True)
         ],
     }
+
+
+def phase_seconds(runs: list[Run]) -> tuple[float, float]:
+    """Seconds of prefill (each run's first step, which also samples its first token) and of decode."""
+    return sum(timing[0] for _, timing, _ in runs), sum(sum(timing[1:]) for _, timing, _ in runs)
 
 
 def main(argv: Seq[str] | None = None) -> None:
