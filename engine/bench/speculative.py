@@ -5,7 +5,9 @@ benchmark checks):
 
 - ``input_grounded``: the answer copies its input: rewrite a passage, edit a code file, quote
   from a document, repeat a text;
-- ``open_ended``: the 16 chat prompts every engine benchmark uses (``engine.bench.PROMPTS``).
+- ``open_ended``: the 16 chat prompts every engine benchmark uses (``engine.bench.PROMPTS``);
+- ``structured``: answers from the passage as JSON held to a schema (structured output), where drafts
+  the grammar refuses are never proposed and each draft row is masked as a plain step would be.
 
 At 1 stream each prompt runs alone; at ``--streams`` (16) the prompts run together, as one batch.
 Settings alternate on the same engine (speculation is switched on the running engine; off/on,
@@ -28,6 +30,7 @@ from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import EngineRequest, SamplingParams
 from engine.core.speculative import NgramSpeculator
+from engine.structured.grammar import Grammar, closed_object
 
 PASSAGE = (
     "The old stone bridge crosses the river at the narrowest point of the valley. It was built in 1792 "
@@ -50,6 +53,24 @@ def mean(values):
         total = add(total, value)
     return total / len(values)
 '''
+
+
+STRUCTURED = [
+    (
+        f"{PASSAGE}\n\nAnswer in JSON: when was the bridge built, by whom, when did the new bridge open, "
+        "and what does the market sell?",
+        closed_object(
+            built={"type": "integer"},
+            builders={"type": "string"},
+            new_bridge={"type": "integer"},
+            market_sells={"type": "array", "items": {"type": "string"}},
+        ),
+    ),
+    (
+        f"Return the text below as JSON, its sentences in a list, word for word:\n\n{PASSAGE}",
+        closed_object(sentences={"type": "array", "items": {"type": "string"}}),
+    ),
+]
 INPUT_GROUNDED = [
     f"Repeat the following text exactly, word for word:\n\n{PASSAGE}",
     f"Rewrite the following text, replacing the word 'bridge' with 'viaduct' everywhere:\n\n{PASSAGE}",
@@ -58,10 +79,16 @@ INPUT_GROUNDED = [
 ]
 
 
-def run_batch(engine: LLMEngine, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
-    """All prompts at once; returns the seconds it took and each request's tokens."""
+def run_batch(
+    engine: LLMEngine, prompts: list[list[int]], max_tokens: int, grammars: list[Grammar] | None = None
+) -> tuple[float, list[list[int]]]:
+    """All prompts at once (each held to its grammar, if given); returns the seconds it took and each
+    request's tokens."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
-    requests = [EngineRequest(f"r{i}-{time.monotonic_ns()}", p, params) for i, p in enumerate(prompts)]
+    requests = [
+        EngineRequest(f"r{i}-{time.monotonic_ns()}", p, params, grammar=grammars[i] if grammars else None)
+        for i, p in enumerate(prompts)
+    ]
     started = time.perf_counter()
     results = engine.generate(requests)
     elapsed = time.perf_counter() - started
@@ -76,19 +103,21 @@ def measure(
     streams: int,
     max_tokens: int,
     rounds: int,
+    grammars: list[Grammar] | None = None,
 ) -> dict[str, Any]:
     seconds = {"on": 0.0, "off": 0.0}
     tokens: dict[str, list[list[int]]] = {"on": [], "off": []}
     metrics = engine.metrics
     drafted = accepted = 0.0
-    groups = [prompts[i : i + streams] for i in range(0, len(prompts), streams)]
-    run_batch(engine, groups[0], max_tokens)  # warm-up: first touch of this many KV pages
+    starts = range(0, len(prompts), streams)
+    groups = [(prompts[i : i + streams], grammars[i : i + streams] if grammars else None) for i in starts]
+    run_batch(engine, groups[0][0], max_tokens, groups[0][1])  # warm-up: first touch of this many KV pages
     for round_index in range(rounds):
         for setting in ("off", "on") if round_index % 2 == 0 else ("on", "off"):
             engine.speculator = speculator if setting == "on" else None
             before = (metrics.draft_tokens._value.get(), metrics.accepted_draft_tokens._value.get())
-            for group in groups:
-                elapsed, out = run_batch(engine, group, max_tokens)
+            for group, group_grammars in groups:
+                elapsed, out = run_batch(engine, group, max_tokens, group_grammars)
                 seconds[setting] += elapsed
                 tokens[setting].extend(out)
             drafted += metrics.draft_tokens._value.get() - before[0]
@@ -123,6 +152,12 @@ def warmed_engine(threads: int | None) -> tuple[LLMEngine, NgramSpeculator, list
     return engine, speculator, grounded, chat(PROMPTS)
 
 
+def structured(engine: LLMEngine) -> tuple[list[list[int]], list[Grammar]]:
+    """The structured workload's chat prompts and their schemas' grammars."""
+    prompts = [engine.tokenizer.encode_chat([{"role": "user", "content": text}]) for text, _ in STRUCTURED]
+    return prompts, [engine.grammars.json_schema(schema) for _, schema in STRUCTURED]
+
+
 def settings(speculator: NgramSpeculator) -> dict[str, Any]:
     return {
         "num_speculative_tokens": speculator.num_tokens,
@@ -140,12 +175,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = p.parse_args(argv)
     engine, speculator, grounded, open_ended = warmed_engine(args.threads)
     common = {"max_tokens": args.max_tokens, "rounds": args.rounds}
+    structured_prompts, structured_grammars = structured(engine)
     result = {
         "model": engine.model_name,
         "cpu": cpu_model(),
         "settings": settings(speculator),
         "input_grounded_1_stream": measure(engine, speculator, grounded, streams=1, **common),
         "open_ended_1_stream": measure(engine, speculator, open_ended[:6], streams=1, **common),
+        "structured_1_stream": measure(
+            engine, speculator, structured_prompts, grammars=structured_grammars, streams=1, **common
+        ),
         f"open_ended_{args.streams}_streams": measure(
             engine,
             speculator,

@@ -21,6 +21,7 @@ import torch
 
 from engine.core.sampler import SampledToken, attach_logprobs, filtered_probs, has_penalty
 from engine.core.sequence import Sequence
+from engine.structured.grammar import mask_draft_rows
 
 
 class NgramSpeculator:
@@ -47,12 +48,16 @@ class NgramSpeculator:
             room = min(seq.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
             k = min(stats.num_tokens or self.num_tokens, room)
             if k > 0:
-                seq.draft_token_ids = self.lookup(seq.token_ids, k)
+                drafts = self.lookup(seq.token_ids, k)
+                if seq.matcher is not None:  # what the grammar refuses would be rejected: not worth a row
+                    drafts = drafts[: seq.matcher.validate_tokens(drafts)]
+                seq.draft_token_ids = drafts
 
     @staticmethod
     def _eligible(seq: Sequence) -> bool:
-        """Drafts only where verifying them is exactly the model's own sampling, row by row."""
-        return seq.matcher is None and not has_penalty(seq.sampling)
+        """Drafts only where verifying them is exactly the model's own sampling, row by row: not with
+        penalties, whose logits depend on every earlier token."""
+        return not has_penalty(seq.sampling)
 
     def lookup(self, tokens: list[int], k: int) -> list[int]:
         """Up to ``k`` tokens that followed the latest earlier occurrence of the longest suffix
@@ -101,6 +106,8 @@ def verify(logits: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[Sampl
     """
     params = seq.sampling
     raw_logprobs = torch.log_softmax(logits, dim=-1) if (params.logprobs or params.top_logprobs) else None
+    if seq.matcher is not None:  # each row masked as a plain step at its position would be
+        logits = mask_draft_rows(logits, seq.matcher, drafts)
     chosen: list[int] = []
     if params.temperature == 0:
         targets = logits.max(dim=-1).indices.tolist()

@@ -128,6 +128,16 @@ _LOCATION = re.compile(r"^at \d+\(\d+\): ")
 """The position in Tern's own wrapping grammar that llguidance prefixes its messages with."""
 
 
+def closed_object(**properties: dict[str, Any]) -> dict[str, Any]:
+    """An object schema with exactly these properties, all required (what OpenAI's strict mode sends)."""
+    return {
+        "type": "object",
+        "properties": properties,
+        "required": list(properties),
+        "additionalProperties": False,
+    }
+
+
 def lark_json(schema: dict[str, Any]) -> str:
     """A Lark grammar whose whole output is one JSON value valid against ``schema``."""
     return f"start: %json {json_with_options(schema)}\n"
@@ -143,15 +153,42 @@ def json_with_options(schema: dict[str, Any]) -> str:
 def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
     """``logits`` with the tokens each matcher forbids set to -inf, on ``rows`` only (others untouched,
     so unconstrained sequences in the batch sample exactly as they would alone)."""
-    vocab = logits.shape[1]
-    words = (vocab + 31) // 32
-    bits = np.empty((len(rows), words), dtype=np.int32)
+    bits = _mask_words(len(rows), logits.shape[1])
     for j, matcher in enumerate(matchers):
         matcher.unsafe_compute_mask_ptr(bits[j].ctypes.data, bits[j].nbytes)
-    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :vocab].view(np.bool_)
     index = torch.tensor(rows, device=logits.device)
-    masked = torch.where(torch.from_numpy(allowed).to(logits.device), logits[index], float("-inf"))
-    return logits.index_put((index,), masked)
+    return logits.index_put((index,), _masked(logits[index], bits))
+
+
+def mask_draft_rows(logits: torch.Tensor, matcher: llguidance.LLMatcher, drafts: list[int]) -> torch.Tensor:
+    """The rows of one sequence's verification step (``logits`` [k + 1, V], row ``i`` after
+    ``drafts[:i]``), each masked by the grammar's state at its position: what a plain step there would
+    mask. The matcher consumes the drafts to get there and rolls them back, so it ends as it began;
+    the tokens the step keeps are consumed as they are emitted, like any others."""
+    bits = _mask_words(len(drafts) + 1, logits.shape[1])
+    consumed = 0
+    for i in range(len(drafts) + 1):
+        matcher.unsafe_compute_mask_ptr(bits[i].ctypes.data, bits[i].nbytes)
+        if i == len(drafts) or matcher.try_consume_tokens([drafts[i]]) != 1:
+            break
+        consumed += 1
+    # Past a draft the grammar refuses (the speculator proposes none): its row, masked, rejects it, so
+    # the rows after it never count.
+    bits[consumed + 1 :] = bits[consumed]
+    if consumed:
+        matcher.rollback(consumed)
+    return _masked(logits, bits)
+
+
+def _mask_words(rows: int, vocab: int) -> np.ndarray:
+    """Room for ``rows`` token masks, a bit per token, as llguidance writes them."""
+    return np.empty((rows, (vocab + 31) // 32), dtype=np.int32)
+
+
+def _masked(logits: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
+    vocab = logits.shape[1]
+    allowed = np.unpackbits(bits.view(np.uint8), axis=1, bitorder="little")[:, :vocab].view(np.bool_)
+    return torch.where(torch.from_numpy(allowed).to(logits.device), logits, float("-inf"))
 
 
 def grammar_complete(matcher: llguidance.LLMatcher, token_id: int) -> bool:

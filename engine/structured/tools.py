@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.structured.grammar import json_with_options
+from engine.structured.grammar import closed_object, json_with_options
 from engine.structured.tool_calls import CLOSE_TAG, OPEN_TAG, ToolCallFormat
 from protocol.rpc import NamedToolChoice, ToolChoice, ToolSpec
 
@@ -116,9 +116,4 @@ def forced_call_grammar(
 
 def _call_schema(tool: ToolSpec, args_key: str) -> dict[str, Any]:
     parameters = tool.function.parameters or {"type": "object"}
-    return {
-        "type": "object",
-        "properties": {"name": {"const": tool.function.name}, args_key: parameters},
-        "required": ["name", args_key],
-        "additionalProperties": False,
-    }
+    return closed_object(name={"const": tool.function.name}, **{args_key: parameters})

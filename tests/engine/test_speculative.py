@@ -6,8 +6,10 @@ n-gram lookup and drafts are both accepted and rejected: each test checks drafts
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
@@ -16,6 +18,9 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
 from engine.core.speculative import NgramSpeculator, verify
+from engine.serving.frames import generate_frames
+from engine.structured.grammar import closed_object, mask_draft_rows, mask_logits
+from protocol.rpc import GenerateRequest
 from tests.engine.test_engine import PROMPTS, request, run, text_of, tokens_of
 from tests.engine.tiny_engine import EngineFactory, assert_every_block_comes_back
 
@@ -86,6 +91,84 @@ def test_seeded_sampling_is_reproducible(make_engine: EngineFactory) -> None:
     first = outputs(on, BATCH, temperature=0.8, seed=11)
     assert outputs(on, BATCH, temperature=0.8, seed=11) == first
     assert drafts(on)[0] > 0
+
+
+def string_list(**bounds: int) -> dict[str, Any]:
+    return closed_object(items={"type": "array", "items": {"type": "string", "maxLength": 8}} | bounds)
+
+
+# Grammars whose limits cut the tiny model's loops short, so drafts meet refusals and masked rows
+GRAMMAR_SCHEMAS = [
+    string_list(maxItems=5),
+    closed_object(a={"type": "string", "maxLength": 30}, b={"type": "string", "maxLength": 30}),
+    string_list(),
+]
+
+
+def test_structured_output_is_token_identical_with_speculation_on_and_off(make_engine: EngineFactory) -> None:
+    """Drafts the grammar refuses are not proposed, and the rest are judged on rows masked as a plain
+    step at their position would be: the same JSON, ending (or cut off) where it did without drafts."""
+    off = make_engine(speculative="off", num_kv_blocks=256)
+    on = make_engine(speculative="ngram", num_kv_blocks=256)
+    asked = [
+        GenerateRequest.model_validate(
+            {
+                "request_id": f"j{i}",
+                "messages": [{"role": "user", "content": "Copy: the cat sat on the mat."}],
+                "json_schema": schema,
+                "sampling": {"temperature": 0.0, "max_tokens": 120},
+            }
+        )
+        for i, schema in enumerate(GRAMMAR_SCHEMAS)
+    ]
+    expected, got = generate_frames(off, asked), generate_frames(on, asked)
+    for asking, schema in zip(asked, GRAMMAR_SCHEMAS, strict=True):
+        a, b = expected[asking.request_id], got[asking.request_id]
+        assert tokens_of(b) == tokens_of(a) and b[-1].finish_reason == a[-1].finish_reason
+        if b[-1].finish_reason == "stop":
+            jsonschema.validate(json.loads(text_of(b)), schema)
+    assert [f[-1].finish_reason for f in got.values()] == ["stop", "stop", "length"]
+    proposed, accepted = drafts(on)
+    assert accepted > 0 and proposed > accepted
+
+
+def test_draft_rows_are_masked_at_their_own_positions_and_the_matcher_ends_as_it_began(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    grammar = engine.grammars.json_schema(GRAMMAR_SCHEMAS[1])
+    vocab = engine.model_config.vocab_size
+    logits = torch.zeros(7, vocab)
+
+    def plain_step_mask(after: list[int]) -> torch.Tensor:
+        fresh = grammar.matcher()
+        assert fresh.try_consume_tokens(after) == len(after)
+        return mask_logits(torch.zeros(1, vocab), [0], [fresh])[0]
+
+    matcher = grammar.matcher()
+    drafts = list(b'{"a": ')
+    masked = mask_draft_rows(logits, matcher, drafts)
+    for i in range(len(drafts) + 1):
+        assert torch.equal(masked[i], plain_step_mask(drafts[:i]))
+    assert torch.equal(mask_logits(torch.zeros(1, vocab), [0], [matcher])[0], plain_step_mask([]))
+
+    refused = list(b'{"z": ')  # the schema has no "z": the grammar refuses draft 2
+    masked = mask_draft_rows(logits, matcher, refused)
+    assert masked[2, ord("z")] == float("-inf") and torch.equal(masked[2], plain_step_mask(refused[:2]))
+    assert all(torch.equal(masked[i], masked[2]) for i in range(3, 7))
+    assert torch.equal(mask_logits(torch.zeros(1, vocab), [0], [matcher])[0], plain_step_mask([]))
+
+
+def test_the_speculator_drafts_only_what_the_grammar_allows(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    speculator = NgramSpeculator(num_tokens=4, ngram_min=2, ngram_max=4, max_batch=4)
+    seq = Sequence("g", list(b'ab{"zz}ab'), SamplingParams(temperature=0), max_tokens=50)
+    seq.num_computed_tokens = seq.num_tokens - 1
+    speculator.propose([seq], max_model_len=100)
+    assert seq.draft_token_ids == list(b'{"zz')  # what followed the earlier "ab"
+    seq.matcher = engine.grammars.json_schema(GRAMMAR_SCHEMAS[1]).matcher()
+    speculator.propose([seq], max_model_len=100)
+    assert seq.draft_token_ids == list(b'{"')  # the schema's only key is "a", then "b"
 
 
 def test_rejection_sampling_keeps_the_distribution() -> None:

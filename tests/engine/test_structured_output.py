@@ -17,22 +17,13 @@ from engine.bench.structured import bench_mixed_batch
 from engine.core.outputs import RequestError
 from engine.serving.frames import generate_frames
 from engine.serving.requests import engine_request
+from engine.structured.grammar import closed_object
 from engine.structured.tool_calls import ToolCallFormat, ToolCallParser, tool_call_format
 from engine.structured.tools import forced_call_grammar, prompt_messages
 from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, ToolSpec
 from tests.engine.tiny_engine import CHATML_TEMPLATE, EngineFactory, make_byte_tokenizer, make_tiny_engine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def closed_object(**properties: Any) -> dict[str, Any]:
-    """An object schema with exactly these properties, all required (what strict mode sends)."""
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
 
 
 SCHEMAS: list[dict[str, Any]] = [
