@@ -63,12 +63,12 @@ STRUCTURED = [
             built={"type": "integer"},
             builders={"type": "string"},
             new_bridge={"type": "integer"},
-            market_sells={"type": "array", "items": {"type": "string"}},
+            market_sells={"type": "array", "items": {"type": "string"}, "maxItems": 6},
         ),
     ),
     (
         f"Return the text below as JSON, its sentences in a list, word for word:\n\n{PASSAGE}",
-        closed_object(sentences={"type": "array", "items": {"type": "string"}}),
+        closed_object(sentences={"type": "array", "items": {"type": "string"}, "maxItems": 8}),
     ),
 ]
 INPUT_GROUNDED = [
