@@ -48,10 +48,15 @@ class NgramSpeculator:
             room = min(seq.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens) - 1
             k = min(stats.num_tokens or self.num_tokens, room)
             if k > 0:
-                drafts = self.lookup(seq.token_ids, k)
-                if seq.matcher is not None:  # what the grammar refuses would be rejected: not worth a row
-                    drafts = drafts[: seq.matcher.validate_tokens(drafts)]
-                seq.draft_token_ids = drafts
+                seq.draft_token_ids = self._drafts(seq, k)
+
+    def _drafts(self, seq: Sequence, k: int) -> list[int]:
+        drafts = self.lookup(seq.token_ids, k)
+        if seq.matcher is None:
+            return drafts
+        # What the grammar refuses would be rejected: not worth a row. Where the lookup has nothing, the
+        # tokens the grammar forces next (a schema's keys and punctuation) are drafts nearly always kept.
+        return drafts[: seq.matcher.validate_tokens(drafts)] or seq.matcher.compute_ff_tokens()[:k]
 
     @staticmethod
     def _eligible(seq: Sequence) -> bool:

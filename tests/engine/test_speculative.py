@@ -159,7 +159,7 @@ def test_draft_rows_are_masked_at_their_own_positions_and_the_matcher_ends_as_it
     assert torch.equal(mask_logits(torch.zeros(1, vocab), [0], [matcher])[0], plain_step_mask([]))
 
 
-def test_the_speculator_drafts_only_what_the_grammar_allows(make_engine: EngineFactory) -> None:
+def test_the_speculator_drafts_only_what_the_grammar_allows_or_forces(make_engine: EngineFactory) -> None:
     engine = make_engine()
     speculator = NgramSpeculator(num_tokens=4, ngram_min=2, ngram_max=4, max_batch=4)
     seq = Sequence("g", list(b'ab{"zz}ab'), SamplingParams(temperature=0), max_tokens=50)
@@ -169,6 +169,10 @@ def test_the_speculator_drafts_only_what_the_grammar_allows(make_engine: EngineF
     seq.matcher = engine.grammars.json_schema(GRAMMAR_SCHEMAS[1]).matcher()
     speculator.propose([seq], max_model_len=100)
     assert seq.draft_token_ids == list(b'{"')  # the schema's only key is "a", then "b"
+    fresh = Sequence("f", list(b"xyz"), SamplingParams(temperature=0), max_tokens=50)
+    fresh.num_computed_tokens, fresh.matcher = 2, seq.matcher
+    speculator.propose([fresh], max_model_len=100)
+    assert fresh.draft_token_ids == list(b'{"a"')  # nothing to look up: what the grammar forces
 
 
 def test_rejection_sampling_keeps_the_distribution() -> None:
