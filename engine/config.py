@@ -66,10 +66,8 @@ class EngineConfig:
     """Shortest suffix n-gram looked up in the sequence's earlier tokens."""
     ngram_max: int = 4
     """Longest suffix n-gram tried first."""
-    speculative_max_batch: int | None = None
-    """Steps with more running sequences than this do not speculate (verification would cost more).
-    None: 2 on CPU, where a draft row is compute (on a 2-core AVX2 EPYC, 4 streams ran 0.92-0.95x
-    with drafts, 2 streams 1.11x: docs/engine.md, speculation), and 4 on CUDA."""
+    speculative_max_batch: int = 4
+    """Steps with more running sequences than this do not speculate (verification would cost more)."""
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cpu", "cuda"):
@@ -101,11 +99,6 @@ class EngineConfig:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("--device cuda was asked for but no CUDA device is available")
         return torch.device(self.device)
-
-    def resolved_speculative_max_batch(self, device: torch.device) -> int:
-        if self.speculative_max_batch is not None:
-            return self.speculative_max_batch
-        return 2 if device.type == "cpu" else 4
 
     def resolved_dtype(self, device: torch.device) -> torch.dtype:
         if self.dtype == "auto":
