@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--speculative-max-batch",
         type=int,
         default=defaults.speculative_max_batch,
-        help="no speculation in steps with more running sequences than this",
+        help="no speculation in steps with more running sequences than this (default: 3 on CPU, 4 on CUDA)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p

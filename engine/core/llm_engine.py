@@ -112,7 +112,7 @@ class LLMEngine:
                 num_tokens=config.num_speculative_tokens,
                 ngram_min=config.ngram_min,
                 ngram_max=config.ngram_max,
-                max_batch=config.speculative_max_batch,
+                max_batch=config.resolved_speculative_max_batch(self.device),
             )
             if config.speculative == "ngram"
             else None

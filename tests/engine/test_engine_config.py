@@ -90,3 +90,10 @@ def test_a_kv_budget_too_small_for_one_block_says_which_flag() -> None:
         make_tiny_engine(num_kv_blocks=None, kv_cache_gib=1e-9)
     with pytest.raises(ValueError, match="num_kv_blocks must be positive"):
         EngineConfig(num_kv_blocks=0)
+
+
+def test_speculation_stops_at_three_sequences_a_step_on_cpu_unless_told() -> None:
+    """On CPU a draft row is compute: 4 streams ran slower with drafts (docs/engine.md, speculation)."""
+    assert EngineConfig().resolved_speculative_max_batch(torch.device("cpu")) == 3
+    assert EngineConfig().resolved_speculative_max_batch(torch.device("cuda")) == 4
+    assert EngineConfig(speculative_max_batch=6).resolved_speculative_max_batch(torch.device("cpu")) == 6

@@ -26,7 +26,8 @@ from tests.engine.tiny_engine import EngineFactory, assert_every_block_comes_bac
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BATCH = PROMPTS[:4]  # within speculative_max_batch: every step speculates
+BATCH = PROMPTS[:4]
+SPECULATING = {"speculative": "ngram", "speculative_max_batch": len(BATCH)}  # every step of BATCH drafts
 
 
 def drafts(engine: LLMEngine) -> tuple[float, float]:
@@ -50,7 +51,7 @@ def test_greedy_is_token_identical_with_speculation_on_and_off(
     make_engine: EngineFactory, prefix_cache: bool
 ) -> None:
     off = make_engine(speculative="off", enable_prefix_cache=prefix_cache, num_kv_blocks=256)
-    on = make_engine(speculative="ngram", enable_prefix_cache=prefix_cache, num_kv_blocks=256)
+    on = make_engine(**SPECULATING, enable_prefix_cache=prefix_cache, num_kv_blocks=256)
     expected = outputs(off, BATCH)
     assert outputs(on, BATCH) == expected
     assert outputs(on, BATCH) == expected  # again: prefix-cache hits this time when it is on
@@ -71,7 +72,7 @@ def test_greedy_is_identical_across_preemption(make_engine: EngineFactory) -> No
 
 def test_stop_strings_n_and_logprobs_are_unchanged(make_engine: EngineFactory) -> None:
     off = make_engine(speculative="off", num_kv_blocks=256)
-    on = make_engine(speculative="ngram", num_kv_blocks=256)
+    on = make_engine(**SPECULATING, num_kv_blocks=256)
     asked = request("s", BATCH[3], max_tokens=40, stop=[")v"], n=2, logprobs=True, top_logprobs=2)
     a, b = run(off, asked)["s"], run(on, asked)["s"]
     for index in range(2):
@@ -87,7 +88,7 @@ def logprobs_of(frames: list[Any], index: int) -> list[float]:
 
 
 def test_seeded_sampling_is_reproducible(make_engine: EngineFactory) -> None:
-    on = make_engine(speculative="ngram", num_kv_blocks=256)
+    on = make_engine(**SPECULATING, num_kv_blocks=256)
     first = outputs(on, BATCH, temperature=0.8, seed=11)
     assert outputs(on, BATCH, temperature=0.8, seed=11) == first
     assert drafts(on)[0] > 0
@@ -109,7 +110,7 @@ def test_structured_output_is_token_identical_with_speculation_on_and_off(make_e
     """Drafts the grammar refuses are not proposed, and the rest are judged on rows masked as a plain
     step at their position would be: the same JSON, ending (or cut off) where it did without drafts."""
     off = make_engine(speculative="off", num_kv_blocks=256)
-    on = make_engine(speculative="ngram", num_kv_blocks=256)
+    on = make_engine(**SPECULATING, num_kv_blocks=256)
     asked = [
         GenerateRequest.model_validate(
             {
@@ -189,7 +190,7 @@ def test_rejection_sampling_keeps_the_distribution() -> None:
 
 
 def test_a_thousand_aborted_speculative_requests_leak_no_block(make_engine: EngineFactory) -> None:
-    engine = make_engine(speculative="ngram", num_kv_blocks=256, max_num_seqs=4)
+    engine = make_engine(**SPECULATING, num_kv_blocks=256, max_num_seqs=4)
     for wave in range(250):
         ids = [f"{wave}-{i}" for i in range(4)]
         for rid, prompt in zip(ids, BATCH, strict=True):
