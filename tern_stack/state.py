@@ -33,7 +33,11 @@ class StateDir:
         return self.root / "run.json"
 
     def write_run_info(self, info: dict[str, Any]) -> None:
-        self.run_file.write_text(json.dumps(info, indent=2) + "\n")
+        """Written whole, then renamed into place: whoever waits for ``run.json`` to appear (tests,
+        tools) never reads it half written."""
+        partial = self.run_file.with_suffix(".json.partial")
+        partial.write_text(json.dumps(info, indent=2) + "\n")
+        partial.replace(self.run_file)
 
     def secret(self, name: str, generate: Callable[[], str]) -> str:
         """The value stored in ``name`` (mode 0600), generated and stored on first use."""

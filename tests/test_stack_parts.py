@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
@@ -47,6 +48,19 @@ def test_secrets_are_generated_once_private_and_reused(tmp_path: Path) -> None:
     assert stat.S_IMODE((state.root / "secret").stat().st_mode) == 0o600
     # PostgreSQL's unprivileged account must be able to pass through .tern/ to its data dir.
     assert stat.S_IMODE(state.root.stat().st_mode) & 0o001
+
+
+def test_run_info_is_renamed_into_place_never_rewritten_in_place(tmp_path: Path) -> None:
+    """Tests and tools wait for run.json to appear and read it at once: it must never be half written.
+    A reader that opened the old file still reads it whole after a rewrite (a new file took its name)."""
+    state = StateDir(tmp_path / ".tern")
+    state.prepare()
+    state.write_run_info({"gateway_url": "http://old"})
+    with state.run_file.open() as reader:
+        state.write_run_info({"gateway_url": "http://new"})
+        assert json.loads(reader.read()) == {"gateway_url": "http://old"}
+    assert json.loads(state.run_file.read_text()) == {"gateway_url": "http://new"}
+    assert sorted(p.name for p in state.root.iterdir()) == ["logs", "run.json"]
 
 
 def test_generated_admin_key_is_a_valid_tern_admin_key(tmp_path: Path) -> None:
