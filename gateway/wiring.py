@@ -33,7 +33,7 @@ from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Scope
 from gateway.limits.service import RateLimiter
 from gateway.proxy.engine_pool import EnginePool, ModelNames
-from gateway.proxy.outcome import CompletionHook
+from gateway.proxy.outcome import CompletionHook, UsageJournal
 from gateway.proxy.prefix_routing import RoutingParams
 from gateway.proxy.token_count import TokenCounter
 from gateway.redis import create_redis
@@ -64,6 +64,8 @@ class GatewayState:
     request_limiter: RequestLimiter
     completion_hooks: list[CompletionHook] = field(default_factory=list)
     """Run with every finished /v1 request's outcome: limits settlement, then usage metering."""
+    usage_journal: UsageJournal | None = None
+    """Journals a complete answer's usage before its last bytes (usage metering)."""
 
     @property
     def admitter(self) -> RequestLimiter:
@@ -144,6 +146,7 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         request_limiter = _request_limiter(
             db_engine=db_engine, sessionmaker=sessionmaker, limits_redis=limits_redis
         )
+        usage_hook = UsageHook(usage_recorder)
         yield GatewayState(
             settings=settings,
             db_engine=db_engine,
@@ -159,5 +162,6 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
             usage_recorder=usage_recorder,
             limits_redis=limits_redis,
             request_limiter=request_limiter,
-            completion_hooks=[request_limiter.on_complete, UsageHook(usage_recorder)],
+            completion_hooks=[request_limiter.on_complete, usage_hook],
+            usage_journal=usage_hook,
         )

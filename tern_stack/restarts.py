@@ -1,10 +1,11 @@
-"""Restarting a crashed child with backoff, so one engine crash does not take the whole stack down.
+"""Restarting a crashed child (an engine, the gateway) with backoff, so one crash does not take the
+whole stack down.
 
 ``tern up`` calls :meth:`Restarter.poll` from its main loop (every half second); nothing here blocks,
 so Ctrl-C stays prompt while a restart is pending. The delay doubles with each crash (1 s, 2 s,
 4 s, ... at most 30 s) so a child that dies at once on every start does not spin, and resets once a
-start has stayed up for a minute. Meanwhile the gateway takes the engine out of its rotation and
-answers ``503 engine_unavailable``.
+start has stayed up for a minute. Meanwhile the gateway takes a missing engine out of its rotation
+and answers ``503 engine_unavailable``; a restarted gateway replays its predecessor's usage journal.
 """
 
 from __future__ import annotations

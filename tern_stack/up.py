@@ -3,9 +3,10 @@
 In order: PostgreSQL and Redis (embedded, data under ``.tern/``; skipped when ``DATABASE_URL`` /
 ``REDIS_URL`` point elsewhere), the migrations, one engine (skipped when ``TERN_ENGINE_URLS`` names
 engines already running), one gateway. Once ``/readyz`` answers 200 it makes sure a demo tenant and
-inference key exist and prints how to call the API. From then on a crashed engine is restarted with
-backoff (:mod:`tern_stack.restarts`) while everything else keeps running; before that, any exit is
-fatal (a model that cannot load would only crash again). Ctrl-C or SIGTERM stops everything in
+inference key exist and prints how to call the API. From then on a crashed engine or gateway is
+restarted with backoff (:mod:`tern_stack.restarts`) while everything else keeps running (a restarted
+gateway replays the usage its predecessor journaled and bills the streams it cut); before that, any
+exit is fatal (a model that cannot load would only crash again). Ctrl-C or SIGTERM stops everything in
 reverse order (see :mod:`tern_stack.processes` for how children and the watchdog behave).
 """
 
@@ -240,10 +241,11 @@ class Stack:
                     f"Last lines of {child.log_path}:\n{child.log_tail()}"
                 )
 
-    def restart_crashed_engines(self) -> None:
-        """Once the stack is up, an engine that exits is started again instead of stopping the stack."""
+    def restart_crashed_children(self) -> None:
+        """Once the stack is up, an engine or gateway that exits is started again instead of stopping
+        the stack."""
         for child in self.children:
-            if child.name == "engine":
+            if child.name in ("engine", "gateway"):
                 self.restarters[child.name] = Restarter(child, start=self._restart)
 
     def supervise(self) -> None:
@@ -297,7 +299,7 @@ def up(options: UpOptions) -> int:
         print(banner(url=url, admin_key=admin_key, demo_key=demo_key, model=model, state=state), flush=True)
         print(f"Ready in {ready_after_s} s.", flush=True)
 
-        stack.restart_crashed_engines()
+        stack.restart_crashed_children()
         try:
             while True:
                 stack.supervise()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import aiohttp
@@ -24,7 +25,7 @@ import orjson
 from starlette.types import Send
 
 from gateway.proxy.engine_pool import EnginePool, Upstream
-from gateway.proxy.outcome import CompletionHook
+from gateway.proxy.outcome import CompletionHook, RelayOutcome, UsageJournal
 from gateway.proxy.relay import BaseRelay
 from gateway.proxy.token_count import TokenCounter, prompt_text
 from protocol.openai.errors import error_body
@@ -35,6 +36,11 @@ log = logging.getLogger(__name__)
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
+PROGRESS_INTERVAL_S = 0.5
+"""How often a stream's usage so far is journaled (such an engine keeps no ledger to ask after a
+gateway crash); also once at its first text."""
+CUT_BY_GATEWAY_STATUS = 500
+"""The status a stream's progress snapshot is billed with: what the row says if the gateway dies."""
 
 
 class OpenAIRelay(BaseRelay):
@@ -54,6 +60,7 @@ class OpenAIRelay(BaseRelay):
         key_id: str | None,
         hooks: Sequence[CompletionHook],
         token_counter: TokenCounter,
+        journal: UsageJournal | None = None,
         cache_namespace: str | None = None,
     ) -> None:
         super().__init__(
@@ -64,6 +71,7 @@ class OpenAIRelay(BaseRelay):
             tenant_id=tenant_id,
             key_id=key_id,
             hooks=hooks,
+            journal=journal,
             cache_namespace=cache_namespace,
         )
         self.is_chat = isinstance(openai_request, ChatCompletionRequest)
@@ -81,6 +89,8 @@ class OpenAIRelay(BaseRelay):
         """Generated text as it passed through, for counting when the engine reports no usage."""
         self._content_events = 0
         self._reported_usage = False
+        self._next_progress_at = 0.0
+        self._prompt_estimate: int | None = None
 
     def _request(self, upstream: Upstream) -> tuple[str, bytes]:
         return (CHAT_PATH if self.is_chat else COMPLETIONS_PATH), self._body
@@ -143,17 +153,23 @@ class OpenAIRelay(BaseRelay):
                 payload, data = b"\n".join(data), []
                 if payload == b"[DONE]":
                     self._terminal = self._engine_done = True
+                    await self.commit()
                     await send({"type": "http.response.body", "body": SSE_DONE, "more_body": True})
                     break
                 chunk = self._relay_event(payload)
+                if self._reported_usage:  # the engine's usage: the answer is complete
+                    await self.commit()
                 if chunk:
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except (aiohttp.ClientError, ValueError) as exc:
             log.warning("engine stream for %s broke: %s", self.request_id, exc)
         if not self._terminal:
             self._terminal = True
-            if not self._reported_usage:  # usage was the last thing to come: the engine finished
-                await send({"type": "http.response.body", "body": self._broken(), "more_body": True})
+            # usage was the last thing to come: the engine finished; else say the stream broke
+            tail = b"" if self._reported_usage else self._broken()
+            await self.commit()
+            if tail:
+                await send({"type": "http.response.body", "body": tail, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _relay_event(self, payload: bytes) -> bytes:
@@ -170,6 +186,11 @@ class OpenAIRelay(BaseRelay):
         if self.outcome.ttft_s is None and event.get("choices"):
             self.outcome.ttft_s = time.perf_counter() - self._t0
         self._rewrite(event)
+        if self.journal is not None and self._content_events and not self._reported_usage:
+            now = time.monotonic()
+            if now >= self._next_progress_at:
+                self._next_progress_at = now + PROGRESS_INTERVAL_S
+                self.journal.progress(self._progress())
         if not self.client_wants_usage and "usage" in event:
             del event["usage"]
             if not event.get("choices"):
@@ -203,15 +224,26 @@ class OpenAIRelay(BaseRelay):
 
     # -- finishing
 
+    def _progress(self) -> RelayOutcome:
+        """What the stream has used so far, counted here, as billed if the gateway dies now."""
+        out = replace(self.outcome, status=CUT_BY_GATEWAY_STATUS, finish_reason="error")
+        self._count_usage(out)
+        out.duration_s = time.perf_counter() - self._t0
+        return out
+
     def _settle_usage(self) -> None:
         """Count what the engine did not report: the prompt, and the text that passed through."""
-        out = self.outcome
-        if out.usage_exact:
-            return
+        if not self.outcome.usage_exact:
+            self._count_usage(self.outcome)
+
+    def _count_usage(self, out: RelayOutcome) -> None:
         model, counter = self.served_model, self.token_counter
-        text, prompt_ids = prompt_text(self._request_body)
-        out.prompt_tokens = prompt_ids + counter.count(model, text)
+        if self._prompt_estimate is None:
+            text, prompt_ids = prompt_text(self._request_body)
+            self._prompt_estimate = prompt_ids + counter.count(model, text)
+        out.prompt_tokens = self._prompt_estimate
         out.cached_tokens = 0
+        out.usage_exact = False
         if self.openai_request.stream and not counter.has_tokenizer(model):
             out.completion_tokens = self._content_events  # streaming servers send a token per event
         else:

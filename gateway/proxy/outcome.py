@@ -1,8 +1,9 @@
 """What the proxy hands to the domains that watch it, and what it asks of them.
 
 The proxy knows nothing of limits or usage: at start-up ``gateway.wiring`` gives it an
-:class:`Admitter` (the limits, asked before any engine work) and its :data:`CompletionHook` list
-(limits settlement, usage metering), which receive every finished request's :class:`RelayOutcome`.
+:class:`Admitter` (the limits, asked before any engine work), its :data:`CompletionHook` list
+(limits settlement, usage metering), which receive every finished request's :class:`RelayOutcome`,
+and a :class:`UsageJournal` that makes a complete answer's usage durable before its last bytes.
 Those domains import this module; the proxy imports none of them, so there is no cycle.
 """
 
@@ -46,9 +47,26 @@ class RelayOutcome:
     duration_s: float = 0.0
     error_code: str | None = None
     client_disconnected: bool = False
+    committed: bool = False
+    """The journal took this outcome before the answer's last bytes (``UsageJournal.commit``)."""
 
 
 CompletionHook = Callable[[RelayOutcome], Awaitable[None]]
+
+
+class UsageJournal(Protocol):
+    """Durable usage while the answer is still open (``gateway.usage.hook``): what survives a crash
+    of the gateway process."""
+
+    async def commit(self, outcome: RelayOutcome) -> None:
+        """The answer is complete: return once its usage is on disk. Takes the outcome before its
+        first await (the relay may be cancelled while it waits)."""
+        ...
+
+    def progress(self, outcome: RelayOutcome) -> None:
+        """An unfinished stream's usage so far (estimated): what is billed if the gateway dies now.
+        Only for upstreams that keep no usage ledger of their own."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 from gateway.config import EngineKind
 from gateway.errors import OpenAIError
 from gateway.proxy.engine_pool import EnginePool, ModelNotServed, NoHealthyEngine, Upstream
-from gateway.proxy.outcome import CompletionHook, RelayOutcome
+from gateway.proxy.outcome import CompletionHook, RelayOutcome, UsageJournal
 from gateway.proxy.prefix_routing import PromptKeys
 from protocol.openai.errors import error_body
 from protocol.openai.requests import OpenAIRequest
@@ -69,6 +69,7 @@ class BaseRelay:
         tenant_id: str | None,
         key_id: str | None,
         hooks: Sequence[CompletionHook],
+        journal: UsageJournal | None = None,
         cache_namespace: str | None = None,
     ) -> None:
         self.pool = pool
@@ -76,6 +77,7 @@ class BaseRelay:
         self.prompt = PromptKeys(openai_request, namespace=cache_namespace)
         self.openai_request = openai_request
         self.hooks = list(hooks)
+        self.journal = journal
         self.outcome = RelayOutcome(
             request_id=request_id,
             endpoint=endpoint,
@@ -200,6 +202,22 @@ class BaseRelay:
     def _settle_usage(self) -> None:
         """Last chance to fill in usage the engine did not report (before the hooks read it)."""
 
+    async def commit(self) -> None:
+        """The answer is complete: make its usage durable before its last bytes go out (once).
+
+        Whatever the client saw complete is then billed even if this process dies a moment later.
+        Answers that end otherwise (the client left, a failure) are journaled by the hooks."""
+        out = self.outcome
+        if out.committed or self.journal is None:
+            return
+        self._settle_usage()
+        out.duration_s = time.perf_counter() - self._t0
+        out.committed = True
+        try:
+            await self.journal.commit(out)
+        except Exception:  # the disk failed: the usage still reaches Postgres from the buffer
+            log.exception("usage journal commit failed for request %s", out.request_id)
+
     async def finish(self, *, client_disconnected: bool = False) -> None:
         """Run once, whatever happened. Call it shielded from cancellation."""
         if self._finished:
@@ -241,6 +259,7 @@ class Relay(BaseRelay):
         tenant_id: str | None,
         key_id: str | None,
         hooks: Sequence[CompletionHook],
+        journal: UsageJournal | None = None,
     ) -> None:
         super().__init__(
             pool=pool,
@@ -250,6 +269,7 @@ class Relay(BaseRelay):
             tenant_id=tenant_id,
             key_id=key_id,
             hooks=hooks,
+            journal=journal,
             cache_namespace=gen_request.cache_namespace,
         )
         self.gen_request = gen_request
@@ -325,6 +345,8 @@ class Relay(BaseRelay):
             await send({"type": "http.response.body", "body": opening, "more_body": True})
         while (frame := await self.next_frame()) is not None:
             chunk = formatter.frame(frame)
+            if self._terminal:  # the last event (usage, [DONE] or the error) goes out once journaled
+                await self.commit()
             if chunk:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -420,6 +442,7 @@ class RelayResponse(Response):
 
     async def _send_json(self, send: Send) -> None:
         status, payload = await self.relay.json_answer()
+        await self.relay.commit()
         headers = [*self.raw_headers, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})

@@ -22,7 +22,7 @@ from gateway.config import Settings
 from gateway.errors import OpenAIError
 from gateway.proxy import service
 from gateway.proxy.engine_pool import EnginePool
-from gateway.proxy.outcome import Admitted, Admitter, CompletionHook
+from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, UsageJournal
 from gateway.proxy.relay import RelayResponse
 from protocol.openai.errors import OpenAIRequestError
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, RequestT, parse_request
@@ -38,6 +38,8 @@ class ProxyState(Protocol):
     engine_pool: EnginePool
     completion_hooks: list[CompletionHook]
     """Run with every finished request's outcome (limits settlement, usage metering)."""
+    usage_journal: UsageJournal | None
+    """Makes a complete answer's usage durable before its last bytes."""
 
     @property
     def admitter(self) -> Admitter | None: ...
@@ -122,6 +124,7 @@ class GenerateEndpoint:
                 request_id=request_id,
                 cache_namespace=cache_namespace,
                 hooks=state.completion_hooks,
+                journal=state.usage_journal,
                 max_tokens_cap=admitted.max_tokens,
                 headers=admitted.headers,
             )

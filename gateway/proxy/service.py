@@ -14,7 +14,7 @@ from gateway.errors import OpenAIError
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.openai_relay import OpenAIRelay
-from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome
+from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome, UsageJournal
 from gateway.proxy.relay import BaseRelay, Relay, RelayResponse
 from protocol.openai.requests import OpenAIRequest
 from protocol.rpc import ModelList
@@ -62,6 +62,7 @@ async def dispatch(
     hooks: Sequence[CompletionHook],
     headers: Mapping[str, str],
     max_tokens_cap: int | None,
+    journal: UsageJournal | None = None,
 ) -> RelayResponse:
     """Start the generation on an engine and return the response that relays it, with ``headers``.
 
@@ -83,6 +84,7 @@ async def dispatch(
             tenant_id=tenant_id,
             key_id=str(key.key_id),
             hooks=all_hooks,
+            journal=journal,
             token_counter=pool.token_counter,
             cache_namespace=cache_namespace,
         )
@@ -101,6 +103,7 @@ async def dispatch(
             tenant_id=tenant_id,
             key_id=str(key.key_id),
             hooks=all_hooks,
+            journal=journal,
         )
     await relay.open()
     return RelayResponse(relay, headers=headers)

@@ -16,6 +16,10 @@ class UsageSettings(BaseSettings):
     spool_dir: Path = Field(
         Path(".tern/spool/usage"), description="Batches Postgres refused wait here until it is back."
     )
+    journal_fsync: bool = Field(
+        True,
+        description="fsync each journal batch: usage survives a machine crash, not only the gateway's.",
+    )
     replay_interval_s: float = Field(1.0, gt=0, description="How often spooled batches are retried.")
     retention_months: int = Field(
         0, ge=0, description="Drop raw rows' monthly partitions older than this many months (0: keep all)."

@@ -1,4 +1,9 @@
-"""The proxy's completion hook for metering: one :class:`UsageRecord` per finished request."""
+"""The proxy's metering: one :class:`UsageRecord` per finished request, journaled before the answer ends.
+
+:meth:`UsageHook.commit` runs while the answer is still open (the proxy's ``UsageJournal``) and
+waits for the journal's fsync; the completion hook (``__call__``) then only records what ended
+otherwise (a client that left, a failure), without waiting: that answer is already over.
+"""
 
 from __future__ import annotations
 
@@ -41,10 +46,24 @@ class UsageHook:
         self.recorder = recorder
 
     async def __call__(self, outcome: RelayOutcome) -> None:
+        if outcome.committed:
+            return
         record = record_from_outcome(outcome)
         if record is not None:
             self.recorder.record(record)
             count_tokens(record)
+
+    async def commit(self, outcome: RelayOutcome) -> None:
+        record = record_from_outcome(outcome)
+        if record is not None:
+            durable = self.recorder.record(record)
+            count_tokens(record)
+            await durable
+
+    def progress(self, outcome: RelayOutcome) -> None:
+        record = record_from_outcome(outcome)
+        if record is not None:
+            self.recorder.snapshot(record)
 
 
 def count_tokens(record: UsageRecord) -> None:

@@ -1,5 +1,8 @@
 """The usage buffer: ``record()`` is a synchronous append, a background task flushes batches.
 
+- Every record is first appended to the local :class:`UsageJournal` (group-committed to disk);
+  ``record()`` returns the future the proxy awaits before an answer's last bytes. At start, and
+  every ``replay_interval_s``, the segments of dead processes (a SIGKILLed gateway) are replayed.
 - A burst of requests becomes a few multi-row statements, not one transaction each.
 - When a flush fails (Postgres down), the batch goes to the on-disk :class:`Spool` and is replayed
   once Postgres answers again. Nothing is lost; replays never double count (see service.py).
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from datetime import date
 
 from sqlalchemy import text
@@ -20,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.metrics import USAGE_FLUSH_ERRORS, USAGE_QUEUE
 from gateway.usage.config import UsageSettings
+from gateway.usage.journal import UsageJournal, claim, encode, encode_in_flight, read_segments, segments
 from gateway.usage.partitions import maintain
 from gateway.usage.schemas import UsageRecord
 from gateway.usage.service import write_batch
@@ -27,12 +32,19 @@ from gateway.usage.spool import Spool
 
 log = logging.getLogger(__name__)
 
+RecoveryHook = Callable[[list[UsageRecord]], Awaitable[None]]
+"""Told of records a replay of a dead process's journal stored (the limits resync budgets)."""
+
 
 class UsageRecorder:
     def __init__(self, *, engine: AsyncEngine, settings: UsageSettings) -> None:
         self.engine = engine
         self.settings = settings
         self.spool = Spool(settings.spool_dir)
+        self.journal = UsageJournal(settings.spool_dir / "journal", sync=settings.journal_fsync)
+        self.on_recovered: list[RecoveryHook] = []
+        self._done_seq = 0
+        """Journal sequence number up to which records reached Postgres or the spool."""
         self._buffer: list[UsageRecord] = []
         self._wake = asyncio.Event()
         self._known_months: set[date] = set()
@@ -44,12 +56,19 @@ class UsageRecorder:
 
     # ------------------------------------------------------------ the hot path
 
-    def record(self, record: UsageRecord) -> None:
-        """Queue one request's usage. Never awaits, so a cancelled request's cleanup cannot skip it."""
+    def record(self, record: UsageRecord) -> asyncio.Future[None]:
+        """Queue one request's usage. Never awaits, so a cancelled request's cleanup cannot skip it;
+        the future is done once the record is in the journal on disk."""
+        durable = self.journal.append(encode(record))
         self._buffer.append(record)
         USAGE_QUEUE.inc()
         if len(self._buffer) >= self.settings.batch_size:
             self._wake.set()
+        return durable
+
+    def snapshot(self, record: UsageRecord) -> None:
+        """Journal what an unfinished stream has used so far (billed, estimated, if this process dies)."""
+        self.journal.append(encode_in_flight(record), counts=False)
 
     @property
     def pending(self) -> int:
@@ -59,6 +78,10 @@ class UsageRecorder:
 
     async def start(self) -> None:
         await self.run_maintenance()
+        try:
+            await self.replay_journals()
+        except Exception as exc:  # Postgres down at start: the replay loop tries again
+            log.warning("usage journal replay failed: %s", exc)
         loop = asyncio.get_running_loop()
         self._tasks = [
             loop.create_task(self._flush_loop(), name="usage-flush"),
@@ -74,11 +97,14 @@ class UsageRecorder:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        await self.journal.drain()
         while self._buffer:
             if not await self.flush():  # Postgres is down: keep the rest on disk for the next start
                 rest, self._buffer = self._buffer, []
                 USAGE_QUEUE.dec(len(rest))
                 self.spool.write(rest)
+                self._done_seq += len(rest)
+        self.journal.close(done_seq=self._done_seq)
         await self.replay()
 
     # ------------------------------------------------------------ flushing
@@ -101,6 +127,9 @@ class UsageRecorder:
                     log.warning("usage flush failed, spooling to %s: %s", path, exc)
                 self.postgres_ok = False
                 return False
+            finally:  # stored or spooled (or the spool raised: the journal keeps them for a replay)
+                self._done_seq += len(batch)
+                self.journal.retire(self._done_seq)
             return True
 
     async def _flush_loop(self) -> None:
@@ -147,8 +176,42 @@ class UsageRecorder:
             await asyncio.sleep(self.settings.replay_interval_s)
             try:
                 await self.replay()
+                await self.replay_journals()
             except Exception:
                 log.exception("usage replay failed")
+
+    async def replay_journals(self) -> int:
+        """Store what dead processes journaled (idempotent); returns the records new to Postgres.
+
+        Every segment no live process holds is read together (a stream's snapshots and its
+        finished record may lie in different ones), written, then deleted. Raises when Postgres
+        fails: the segments stay for the next try."""
+        with contextlib.ExitStack() as claims:
+            paths = [
+                path
+                for path in segments(self.journal.directory)
+                if not self.journal.owns(path) and claims.enter_context(claim(path))
+            ]
+            if not paths:
+                return 0
+            records = read_segments(paths)
+            new = 0
+            for start in range(0, len(records), self.settings.batch_size):
+                batch = records[start : start + self.settings.batch_size]
+                new += await write_batch(self.engine, batch, known_months=self._known_months)
+            for path in paths:
+                path.unlink(missing_ok=True)
+        self.flushed += new
+        log.warning(
+            "replayed the usage journal of a gateway that died: %d records, %d new", len(records), new
+        )
+        if new:
+            for hook in self.on_recovered:
+                try:
+                    await hook(records)
+                except Exception:
+                    log.exception("usage recovery hook %r failed", hook)
+        return new
 
     async def _postgres_reachable(self) -> bool:
         try:
