@@ -39,7 +39,8 @@ BLOCK = 32
 ACTIVATION_MAX = 32767
 """Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
 SOURCES = tuple(
-    Path(__file__).with_name(name) for name in ("quant_kernels.c", "attention_kernels.c", "layer_kernels.c")
+    Path(__file__).with_name(name)
+    for name in ("quant_kernels.c", "attention_kernels.c", "layer_kernels.c", "ternary_kernels.c")
 )
 INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
@@ -47,10 +48,14 @@ VNNI_ENV = "TERN_CPU_VNNI"
 """Set to 0 to build q4_1 with the AVX-512 tiles where the CPU has AVX-512 VNNI, whose own kernel
 (weights tile by tile, ``tiled_q4_1`` in quant_kernels.c) is otherwise the one built: to compare the
 two on one machine (docs/engine.md, "The VNNI q4_1 kernel")."""
+AVX512_ENV = "TERN_CPU_AVX512"
+"""Set to 0 to build the AVX2 kernels where the CPU has AVX-512 (``TERN_NO_AVX512`` in kernels.h): the
+tests run both on a machine that has it."""
 
 
 def _flags() -> tuple[str, ...]:
-    return FLAGS + (("-DTERN_NO_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "0" else ())
+    flags = FLAGS + (("-DTERN_NO_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "0" else ())
+    return flags + (("-DTERN_NO_AVX512",) if os.environ.get(AVX512_ENV) == "0" else ())
 
 
 class KernelError(RuntimeError):

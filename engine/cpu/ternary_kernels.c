@@ -1,0 +1,341 @@
+/* Ternary (BitNet b1.58) matmuls for CPUs: weights at two bits, activations int8 per token.
+ *
+ *   out[M, N] = x[M, K] @ W[N, K]^T, W = T * scale, T in {-1, 0, 1}
+ *
+ * Weights: GGUF TQ2_0's codes (T + 1 in 2 bits, four a byte) in blocks of 256 along K, 64 bytes a
+ * block: byte 32c + m of a block holds elements 128c + 32j + m in bits 2j (j = 0..3), so one load
+ * and a shift give 32 (AVX2) or 64 (AVX-512) codes in the order of the activations. K is padded to
+ * whole blocks with code 1 (a zero weight). The scale is either one float per weight row
+ * (`ws`: transformers' BitNet `weight_scale` inverted, or a TQ2_0 tensor whose blocks share one
+ * scale) or one float16 per block (`wd`: TQ2_0 as llama-quantize writes it, each block's absmax).
+ *
+ * Activations: BitNet's per-token absmax quantization, as transformers' BitLinear and the engine's
+ * torch path compute it: s = (1 / max(|x|, 1e-5)) * 127, q = clamp(round_half_even(x * s), -128, 127).
+ *
+ * Each block product is an integer dot product of unsigned codes (0..2) and signed activations
+ * (vpdpbusd with AVX-512 VNNI, vpmaddubsw + vpmaddwd otherwise), exact; the codes' offset of one
+ * is taken out with the sum of the block's activation codes. Then, per output element:
+ *
+ *   row scales:   out = (float)dot / s * ws[n]                        (the torch path's formula)
+ *   block scales: out = (sum over blocks in order of (float)dot_b * wd[n, b]) / s
+ *
+ * so every element is one integer and the same float operations in the same order whatever the
+ * batch, the tile shape or the thread count; tests/engine/test_ternary_cpu_kernels.py checks them
+ * bit for bit against plain-torch references (engine/cpu/ternary.py, `*_ref`).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define QKT 256                /* elements per block (GGUF's QK_K) */
+#define BLOCK_BYTES (QKT / 4)  /* 64 */
+#define T_TILE_N 16            /* weight rows per tile (what one thread takes at a time) */
+#define ACT_MAX 127.0f
+#define ACT_EPS 1e-5f
+#define T_PREFETCH_BYTES 1024
+/* Activation rows per pass over the weights: a prompt's int8 rows (x) stay in the L2 cache while the
+ * tiles of the weight stream past them once per pass, instead of every tile re-reading all the rows. */
+#define CHUNK_BYTES (256 * 1024)
+
+typedef struct {
+    int8_t *qs;    /* [M, Kp]; AVX-512: within a block, group j is elements 32j.. then 128 + 32j.. */
+    float *scale;  /* [M] 127 / absmax */
+    int32_t *sums; /* [M, nb] the sum of each block's codes */
+    int64_t nb;
+} TernaryRows;
+
+typedef struct {
+    const uint8_t *qs;  /* [N, nb, 64] */
+    const float *ws;    /* [N] or NULL */
+    const uint16_t *wd; /* [N, nb] float16 or NULL */
+    int64_t nb;
+} TernaryWeights;
+
+/* One row: codes, its scale and its blocks' sums. Where the row is shorter than the padded one, the
+ * rest is zero. */
+static void quantize_row_i8(const float *x, int64_t K, int64_t nb, int8_t *qs, float *scale, int32_t *sums) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+    /* torch computes 127 / t as reciprocal(t) * 127: two roundings, here too */
+    const float s = (1.0f / fmaxf(amax, ACT_EPS)) * ACT_MAX;
+    for (int64_t b = 0; b < nb; b++) {
+        int8_t block[QKT];
+        int32_t sum = 0;
+        for (int e = 0; e < QKT; e++) {
+            const int64_t k = b * QKT + e;
+            const float q = k < K ? nearbyintf(x[k] * s) : 0.0f;
+            block[e] = (int8_t)fminf(fmaxf(q, -128.0f), 127.0f);
+            sum += block[e];
+        }
+        int8_t *out = qs + b * QKT;
+#ifdef TERN_AVX512
+        for (int j = 0; j < 4; j++) {
+            memcpy(out + 64 * j, block + 32 * j, 32);
+            memcpy(out + 64 * j + 32, block + 128 + 32 * j, 32);
+        }
+#else
+        memcpy(out, block, QKT);
+#endif
+        sums[b] = sum;
+    }
+    *scale = s;
+}
+
+static int quantize_rows_i8(const float *x, int64_t M, int64_t K, int64_t nb, TernaryRows *q) {
+    q->nb = nb;
+    q->qs = (int8_t *)malloc((size_t)(M * nb * QKT));
+    q->scale = (float *)malloc((size_t)M * sizeof(float));
+    q->sums = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
+    if (!q->qs || !q->scale || !q->sums) return -1;
+#pragma omp parallel for schedule(static) if (M >= 4)
+    for (int64_t r = 0; r < M; r++)
+        quantize_row_i8(x + r * K, K, nb, q->qs + r * nb * QKT, q->scale + r, q->sums + r * nb);
+    return 0;
+}
+
+static void free_rows_i8(TernaryRows *q) {
+    free(q->qs);
+    free(q->scale);
+    free(q->sums);
+}
+
+/* The micro-kernel: RR activation rows from r0 against CC weight rows from n0. BLOCKED (a constant at
+ * each use) picks the block scales' arithmetic over the row scales'. */
+#if defined(TERN_AVX512)
+static inline __attribute__((always_inline)) __m512i dot_u8s8(__m512i acc, __m512i codes, __m512i x) {
+#ifdef __AVX512VNNI__
+    return _mm512_dpbusd_epi32(acc, codes, x);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(codes, x), _mm512_set1_epi16(1)));
+#endif
+}
+
+static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeights *w, const TernaryRows *x,
+                                                               int64_t r0, int64_t n0, int64_t N, float *out,
+                                                               const int RR, const int CC, const int BLOCKED) {
+    const int64_t nb = w->nb;
+    const __m512i three = _mm512_set1_epi8(3);
+    __m512i dots[4][4];
+    float totals[4][4];
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) {
+            dots[i][j] = _mm512_setzero_si512();
+            totals[i][j] = 0.0f;
+        }
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i packed[4];
+        for (int j = 0; j < CC; j++) {
+            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * BLOCK_BYTES;
+            _mm_prefetch((const char *)wb + T_PREFETCH_BYTES, _MM_HINT_T0);
+            packed[j] = _mm512_loadu_si512((const void *)wb);
+        }
+        for (int g = 0; g < 4; g++) {
+            __m512i codes[4];
+            for (int j = 0; j < CC; j++) codes[j] = _mm512_and_si512(_mm512_srli_epi16(packed[j], 2 * g), three);
+            for (int i = 0; i < RR; i++) {
+                const __m512i xv = _mm512_loadu_si512((const void *)(x->qs + ((r0 + i) * nb + b) * QKT + 64 * g));
+                for (int j = 0; j < CC; j++) dots[i][j] = dot_u8s8(dots[i][j], codes[j], xv);
+            }
+        }
+        if (BLOCKED) {
+            for (int i = 0; i < RR; i++)
+                for (int j = 0; j < CC; j++) {
+                    const int32_t dot = _mm512_reduce_add_epi32(dots[i][j]) - x->sums[(r0 + i) * nb + b];
+                    const float part = (float)dot * half_to_float(w->wd[(n0 + j) * nb + b]);
+                    totals[i][j] = totals[i][j] + part;
+                    dots[i][j] = _mm512_setzero_si512();
+                }
+        }
+    }
+    for (int i = 0; i < RR; i++) {
+        int32_t row_sum = 0;
+        if (!BLOCKED)
+            for (int64_t b = 0; b < nb; b++) row_sum += x->sums[(r0 + i) * nb + b];
+        for (int j = 0; j < CC; j++) {
+            float *o = out + (r0 + i) * N + n0 + j;
+            if (BLOCKED)
+                *o = totals[i][j] / x->scale[r0 + i];
+            else
+                *o = (float)(_mm512_reduce_add_epi32(dots[i][j]) - row_sum) / x->scale[r0 + i] * w->ws[n0 + j];
+        }
+    }
+}
+#define T_ROWS 4
+#define T_COLUMNS 4
+#elif defined(__AVX2__)
+static inline int32_t hsum_epi32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* vpmaddubsw's int16 pairs are at most 2 * 2 * 128 = 512, eight of them a block 4096: a block sums in
+ * int16, then widens once. */
+static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeights *w, const TernaryRows *x,
+                                                               int64_t r0, int64_t n0, int64_t N, float *out,
+                                                               const int RR, const int CC, const int BLOCKED) {
+    const int64_t nb = w->nb;
+    const __m256i three = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
+    __m256i dots[4][2];
+    float totals[4][2];
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) {
+            dots[i][j] = _mm256_setzero_si256();
+            totals[i][j] = 0.0f;
+        }
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i block[4][2];
+        for (int i = 0; i < RR; i++)
+            for (int j = 0; j < CC; j++) block[i][j] = _mm256_setzero_si256();
+        for (int half = 0; half < 2; half++) {
+            __m256i packed[2];
+            for (int j = 0; j < CC; j++) {
+                const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * BLOCK_BYTES + 32 * half;
+                _mm_prefetch((const char *)wb + T_PREFETCH_BYTES, _MM_HINT_T0);
+                packed[j] = _mm256_loadu_si256((const __m256i *)wb);
+            }
+            for (int g = 0; g < 4; g++) {
+                __m256i codes[2];
+                for (int j = 0; j < CC; j++) codes[j] = _mm256_and_si256(_mm256_srli_epi16(packed[j], 2 * g), three);
+                for (int i = 0; i < RR; i++) {
+                    const int8_t *xb = x->qs + ((r0 + i) * nb + b) * QKT + 128 * half + 32 * g;
+                    const __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
+                    for (int j = 0; j < CC; j++) block[i][j] = _mm256_add_epi16(block[i][j], _mm256_maddubs_epi16(codes[j], xv));
+                }
+            }
+        }
+        for (int i = 0; i < RR; i++)
+            for (int j = 0; j < CC; j++) {
+                const __m256i wide = _mm256_madd_epi16(block[i][j], ones);
+                if (BLOCKED) {
+                    const int32_t dot = hsum_epi32(wide) - x->sums[(r0 + i) * nb + b];
+                    const float part = (float)dot * half_to_float(w->wd[(n0 + j) * nb + b]);
+                    totals[i][j] = totals[i][j] + part;
+                } else {
+                    dots[i][j] = _mm256_add_epi32(dots[i][j], wide);
+                }
+            }
+    }
+    for (int i = 0; i < RR; i++) {
+        int32_t row_sum = 0;
+        if (!BLOCKED)
+            for (int64_t b = 0; b < nb; b++) row_sum += x->sums[(r0 + i) * nb + b];
+        for (int j = 0; j < CC; j++) {
+            float *o = out + (r0 + i) * N + n0 + j;
+            if (BLOCKED)
+                *o = totals[i][j] / x->scale[r0 + i];
+            else
+                *o = (float)(hsum_epi32(dots[i][j]) - row_sum) / x->scale[r0 + i] * w->ws[n0 + j];
+        }
+    }
+}
+#define T_ROWS 4
+#define T_COLUMNS 2
+#else
+/* Portable version: the same integers and the same float operations. */
+static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, int64_t r0, int64_t n0, int64_t N,
+                                float *out, const int RR, const int CC, const int BLOCKED) {
+    const int64_t nb = w->nb;
+    for (int i = 0; i < RR; i++)
+        for (int j = 0; j < CC; j++) {
+            const int64_t r = r0 + i, n = n0 + j;
+            int32_t whole = 0;
+            float total = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *wb = w->qs + (n * nb + b) * BLOCK_BYTES;
+                const int8_t *xb = x->qs + (r * nb + b) * QKT;
+                int32_t dot = -x->sums[r * nb + b];
+                for (int e = 0; e < QKT; e++) dot += ((wb[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3) * xb[e];
+                if (BLOCKED) {
+                    const float part = (float)dot * half_to_float(w->wd[n * nb + b]);
+                    total = total + part;
+                } else {
+                    whole += dot;
+                }
+            }
+            out[r * N + n] = BLOCKED ? total / x->scale[r] : (float)whole / x->scale[r] * w->ws[n];
+        }
+}
+#define T_ROWS 4
+#define T_COLUMNS 1
+#endif
+
+/* One tile of weight rows [n_begin, n_end) against activation rows [r_begin, r_end): T_COLUMNS weight
+ * rows at a time and the last ones alone, T_ROWS activation rows at a time and a tail of fewer. */
+#define T_COLUMN_LOOP(RR, BLOCKED)                                                                      \
+    do {                                                                                                \
+        int64_t n = n_begin;                                                                            \
+        for (; n + T_COLUMNS <= n_end; n += T_COLUMNS) ternary_tile(w, x, r, n, N, out, RR, T_COLUMNS, BLOCKED); \
+        for (; n < n_end; n++) ternary_tile(w, x, r, n, N, out, RR, 1, BLOCKED);                         \
+    } while (0)
+
+#define T_ROW_LOOP(BLOCKED)                                                  \
+    do {                                                                     \
+        int64_t r = r_begin;                                                 \
+        for (; r + T_ROWS <= r_end; r += T_ROWS) T_COLUMN_LOOP(T_ROWS, BLOCKED); \
+        switch (r_end - r) {                                                 \
+        case 3: T_COLUMN_LOOP(3, BLOCKED); break;                            \
+        case 2: T_COLUMN_LOOP(2, BLOCKED); break;                            \
+        case 1: T_COLUMN_LOOP(1, BLOCKED); break;                            \
+        default: break;                                                      \
+        }                                                                    \
+    } while (0)
+
+static void ternary_tile_rows(const TernaryWeights *w, const TernaryRows *x, int64_t r_begin, int64_t r_end,
+                              int64_t n_begin, int64_t n_end, int64_t N, float *out) {
+    if (w->wd)
+        T_ROW_LOOP(1);
+    else
+        T_ROW_LOOP(0);
+}
+
+/* out [M, N] = x [M, K] @ (T * scale)^T, T from wq [N, Kp / 4] (Kp: K rounded up to 256), the scale
+ * per weight row (ws [N], wd NULL) or per block (wd [N, Kp / 256] float16, ws NULL). 0 on success,
+ * -1 out of memory, -2 bad arguments. */
+int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
+                    int64_t N, float *out) {
+    if (K <= 0 || (ws == NULL) == (wd == NULL)) return -2;
+    const int64_t nb = (K + QKT - 1) / QKT;
+    TernaryRows q;
+    if (quantize_rows_i8(x, M, K, nb, &q)) {
+        free_rows_i8(&q);
+        return -1;
+    }
+    const TernaryWeights w = {wq, ws, wd, nb};
+    const int64_t tiles = (N + T_TILE_N - 1) / T_TILE_N;
+    int64_t chunk = CHUNK_BYTES / (nb * QKT);
+    chunk = chunk < T_ROWS ? T_ROWS : chunk - chunk % T_ROWS;
+#pragma omp parallel
+    for (int64_t r0 = 0; r0 < M; r0 += chunk) {
+        const int64_t r1 = r0 + chunk < M ? r0 + chunk : M;
+        /* Guided, as the q4_1 kernel: long runs of consecutive tiles first (one stream through the
+         * weight for the prefetchers), then shorter ones so that a preempted thread's tail is shared. */
+#pragma omp for schedule(guided)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t n0 = t * T_TILE_N, n1 = n0 + T_TILE_N < N ? n0 + T_TILE_N : N;
+            ternary_tile_rows(&w, &q, r0, r1, n0, n1, N, out);
+        }
+    }
+    free_rows_i8(&q);
+    return 0;
+}
+
+/* The activation quantizer alone, for the reference test: qs [M, Kp] in the order the build's
+ * kernel reads (tern_ternary_avx512_order), scale [M], sums [M, Kp / 256]. */
+void tern_quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *qs, float *scale, int32_t *sums) {
+    const int64_t nb = (K + QKT - 1) / QKT;
+    for (int64_t r = 0; r < M; r++) quantize_row_i8(x + r * K, K, nb, qs + r * nb * QKT, scale + r, sums + r * nb);
+}
+
+/* 1 where the activation codes of a block are stored in the AVX-512 kernel's order. */
+int tern_ternary_avx512_order(void) {
+#ifdef TERN_AVX512
+    return 1;
+#else
+    return 0;
+#endif
+}
