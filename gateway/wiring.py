@@ -29,7 +29,9 @@ from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.service import bootstrap_admin_key
 from gateway.limits.admission import RequestLimiter
 from gateway.limits.config import LimitsSettings
+from gateway.limits.liveness import Liveness, new_instance_id
 from gateway.limits.policies import LimitPolicies
+from gateway.limits.recovery import LimitsRecovery
 from gateway.limits.schemas import Scope
 from gateway.limits.service import RateLimiter
 from gateway.proxy.engine_pool import EnginePool, ModelNames
@@ -92,16 +94,24 @@ def create_limits_redis(url: str) -> Redis:
 
 
 def _request_limiter(
-    *, db_engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession], limits_redis: Redis
+    *,
+    db_engine: AsyncEngine,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    limits_redis: Redis,
+    limits_settings: LimitsSettings,
+    instance_id: str,
 ) -> RequestLimiter:
-    limits_settings = LimitsSettings()
-
     async def load_month_usage(scope: Scope, month: date) -> tuple[int, Decimal]:
         column = "key_id" if scope.kind.startswith("key") else "tenant_id"
         return await reports_service.month_usage(db_engine, column=column, owner_id=scope.id, month=month)
 
     return RequestLimiter(
-        limiter=RateLimiter(redis=limits_redis, settings=limits_settings, load_month_usage=load_month_usage),
+        limiter=RateLimiter(
+            redis=limits_redis,
+            settings=limits_settings,
+            load_month_usage=load_month_usage,
+            instance_id=instance_id,
+        ),
         policies=LimitPolicies(sessionmaker=sessionmaker, settings=limits_settings),
         prices=PriceBook(engine=db_engine),
     )
@@ -125,7 +135,15 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
                 log.info("registered TERN_ADMIN_KEY as a platform admin key")
         limits_redis = create_limits_redis(settings.redis_url)
         stack.push_async_callback(limits_redis.aclose)
-        usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings())
+        # One id per process: its journal segments and its concurrency slots carry it, so a
+        # successor knows what a dead process held (usage/journal.py, limits/liveness.py).
+        instance_id = new_instance_id()
+        limits_settings = LimitsSettings()
+        liveness = Liveness(redis, instance_id=instance_id, ttl_s=limits_settings.liveness_ttl_s)
+        await liveness.start()
+        stack.push_async_callback(liveness.stop)
+        usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings(), instance_id=instance_id)
+        usage_recorder.on_recovered.append(LimitsRecovery(redis=redis, liveness=liveness))
         await usage_recorder.start()
         stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
         engine_pool = EnginePool(
@@ -144,7 +162,11 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         await engine_pool.start()
         stack.push_async_callback(engine_pool.close)
         request_limiter = _request_limiter(
-            db_engine=db_engine, sessionmaker=sessionmaker, limits_redis=limits_redis
+            db_engine=db_engine,
+            sessionmaker=sessionmaker,
+            limits_redis=limits_redis,
+            limits_settings=limits_settings,
+            instance_id=instance_id,
         )
         usage_hook = UsageHook(usage_recorder)
         yield GatewayState(

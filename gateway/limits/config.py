@@ -21,6 +21,11 @@ class LimitsSettings(BaseSettings):
     slot_ttl_s: float = Field(
         900.0, gt=0, description="A crashed request's concurrency slot frees itself after this long."
     )
+    liveness_ttl_s: float = Field(
+        10.0,
+        gt=0,
+        description="A gateway process not heard of for this long is dead: its concurrency slots are freed.",
+    )
     failure_policy: FailurePolicy = Field(
         "closed", description="What a key does while Redis is unreachable, unless the key overrides it."
     )

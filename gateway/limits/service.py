@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
+from gateway.limits.liveness import ALIVE_PREFIX, new_instance_id
 from gateway.limits.local import Denial, LocalLimiter
 from gateway.limits.schemas import (
     Admission,
@@ -73,15 +74,19 @@ class RateLimiter:
         redis: Redis,
         settings: LimitsSettings,
         load_month_usage: MonthUsageLoader,
+        instance_id: str | None = None,
     ) -> None:
         self.redis = redis
         self.settings = settings
         self.load_month_usage = load_month_usage
+        self.instance_id = instance_id or new_instance_id()
+        """Starts every admission id, so slots of a dead process can be told apart (liveness.py)."""
         self.local = LocalLimiter(
             window_s=settings.window_s, slot_ttl_s=settings.slot_ttl_s, replicas=settings.replicas
         )
         self._admit = redis.register_script(_script("admit.lua"))
         self._settle = redis.register_script(_script("settle.lua"))
+        self._reap = redis.register_script(_script("reap.lua"))
         self._scripts = ScriptBatcher(redis)
         self._redis_down_until = 0.0
         self._budget_seen: dict[tuple[str, str], tuple[int, int]] = {}
@@ -104,7 +109,7 @@ class RateLimiter:
         now = datetime.now(UTC)
         month = month_of(now)
         admission = Admission(
-            admission_id=uuid.uuid4().hex,
+            admission_id=f"{self.instance_id}.{uuid.uuid4().hex}",
             limits=limits,
             month=month,
             reserved_tokens=reserve,
@@ -142,7 +147,8 @@ class RateLimiter:
             int(self.settings.slot_ttl_s * 1000),
             *admission.limits.limit_args(),  # the number of scopes, then their limits
         ]
-        for _ in range(len(scopes) + 1):
+        reaped: set[int] = set()
+        for _ in range(2 * len(scopes) + 1):
             reply = await self._scripts.call(self._admit, keys=keys, args=args)
             fields: list[bytes] = reply.split()  # type: ignore[attr-defined]  # admit.lua's reply
             outcome = fields[0]
@@ -150,11 +156,24 @@ class RateLimiter:
                 await self._seed_budget(scopes[int(fields[1]) - 1], admission.month)
                 continue
             if outcome == b"deny":
-                scope = scopes[int(fields[1]) - 1]
-                self._raise_denial(Denial(scope, fields[2].decode(), int(fields[3])), admission, now)
+                index = int(fields[1]) - 1
+                reason = fields[2].decode()
+                if reason == "concurrency" and index not in reaped:
+                    reaped.add(index)
+                    if await self._reap_dead_slots(admission, index):
+                        continue  # slots of a dead gateway were holding the key: try again
+                self._raise_denial(Denial(scopes[index], reason, int(fields[3])), admission, now)
             self._read_ok(fields, admission)
             return
         raise RuntimeError("budget counters could not be seeded")  # pragma: no cover
+
+    async def _reap_dead_slots(self, admission: Admission, index: int) -> int:
+        """Free the scope's concurrency slots whose gateway process died; how many were freed."""
+        slots_key = admission.limits.scopes[index].redis_keys(admission.month)[2]
+        freed = int(await self._reap(keys=[slots_key], args=[ALIVE_PREFIX, self.instance_id]))
+        if freed:
+            log.warning("freed %d concurrency slots of dead gateways on %s", freed, slots_key)
+        return freed
 
     def _read_ok(self, fields: list[bytes], admission: Admission) -> None:
         for i, scope in enumerate(admission.limits.scopes):

@@ -6,7 +6,7 @@ the event loop), and the next batch takes all of them at once. So one fsync serv
 that completed during the previous one, and a request waits for at most about two fsyncs. The
 proxy awaits that before the last bytes of an answer, so an answer a client saw complete is on disk.
 
-Files are segments, one open per process at a time (named ``<start ns>-<pid>.journal``), each
+Files are segments, one open per process at a time (named ``<start ns>-<instance>.journal``), each
 locked with ``flock`` by its process while it lives: a lock that can be taken belongs to a dead
 process, and its segment is replayed (:mod:`gateway.usage.recorder`) by whoever takes it. A
 segment is deleted once it is closed and every record in it has reached Postgres (or the outage
@@ -76,8 +76,9 @@ def encode_in_flight(record: UsageRecord) -> bytes:
 
 
 class UsageJournal:
-    def __init__(self, directory: Path, *, sync: bool = True) -> None:
+    def __init__(self, directory: Path, *, instance_id: str, sync: bool = True) -> None:
         self.directory = directory
+        self.instance_id = instance_id
         self.sync = sync
         self.seq = 0
         """Records appended by this process so far (the last one's sequence number)."""
@@ -138,9 +139,13 @@ class UsageJournal:
             segment = None
         if segment is None:
             self.directory.mkdir(parents=True, exist_ok=True)
-            path = self.directory / f"{time.time_ns():020d}-{os.getpid()}{SUFFIX}"
+            path = self.directory / f"{time.time_ns():020d}-{self.instance_id}{SUFFIX}"
             segment = self._segment = Segment(path, _open_locked(path), time.monotonic())
         return segment
+
+    def open(self) -> None:
+        """Start the first segment now: its lock tells a successor this process existed."""
+        self._current()
 
     async def drain(self) -> None:
         """Wait until every queued line is written."""
@@ -201,6 +206,11 @@ def claim(path: Path) -> Iterator[bool]:
         yield path.exists()  # it may have been replayed and deleted before we took the lock
     finally:
         os.close(fd)
+
+
+def instance_of(path: Path) -> str:
+    """The gateway process that wrote a segment."""
+    return path.name.removesuffix(SUFFIX).split("-", 1)[-1]
 
 
 def segments(directory: Path) -> list[Path]:

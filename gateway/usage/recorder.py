@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import date
 
 from sqlalchemy import text
@@ -24,7 +26,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.metrics import USAGE_FLUSH_ERRORS, USAGE_QUEUE
 from gateway.usage.config import UsageSettings
-from gateway.usage.journal import UsageJournal, claim, encode, encode_in_flight, read_segments, segments
+from gateway.usage.journal import (
+    UsageJournal,
+    claim,
+    encode,
+    encode_in_flight,
+    instance_of,
+    read_segments,
+    segments,
+)
 from gateway.usage.partitions import maintain
 from gateway.usage.schemas import UsageRecord
 from gateway.usage.service import write_batch
@@ -32,16 +42,35 @@ from gateway.usage.spool import Spool
 
 log = logging.getLogger(__name__)
 
-RecoveryHook = Callable[[list[UsageRecord]], Awaitable[None]]
-"""Told of records a replay of a dead process's journal stored (the limits resync budgets)."""
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What a replay of dead gateway processes' journals (or their engines' ledgers) stored."""
+
+    records: list[UsageRecord]
+    """Every record replayed, whether or not Postgres had it already."""
+    new: int
+    """How many were new to Postgres."""
+    instances: frozenset[str] = frozenset()
+    """The dead processes (their instance ids)."""
+
+
+RecoveryHook = Callable[[Recovered], Awaitable[None]]
+"""Told of a replay (the limits free the dead processes' slots and resync budget counters)."""
 
 
 class UsageRecorder:
-    def __init__(self, *, engine: AsyncEngine, settings: UsageSettings) -> None:
+    def __init__(
+        self, *, engine: AsyncEngine, settings: UsageSettings, instance_id: str | None = None
+    ) -> None:
         self.engine = engine
         self.settings = settings
         self.spool = Spool(settings.spool_dir)
-        self.journal = UsageJournal(settings.spool_dir / "journal", sync=settings.journal_fsync)
+        self.journal = UsageJournal(
+            settings.spool_dir / "journal",
+            instance_id=instance_id or uuid.uuid4().hex[:16],
+            sync=settings.journal_fsync,
+        )
         self.on_recovered: list[RecoveryHook] = []
         self._done_seq = 0
         """Journal sequence number up to which records reached Postgres or the spool."""
@@ -78,6 +107,7 @@ class UsageRecorder:
 
     async def start(self) -> None:
         await self.run_maintenance()
+        self.journal.open()
         try:
             await self.replay_journals()
         except Exception as exc:  # Postgres down at start: the replay loop tries again
@@ -205,13 +235,15 @@ class UsageRecorder:
         log.warning(
             "replayed the usage journal of a gateway that died: %d records, %d new", len(records), new
         )
-        if new:
-            for hook in self.on_recovered:
-                try:
-                    await hook(records)
-                except Exception:
-                    log.exception("usage recovery hook %r failed", hook)
+        await self.recovered(Recovered(records, new, frozenset(instance_of(p) for p in paths)))
         return new
+
+    async def recovered(self, recovered: Recovered) -> None:
+        for hook in self.on_recovered:
+            try:
+                await hook(recovered)
+            except Exception:
+                log.exception("usage recovery hook %r failed", hook)
 
     async def _postgres_reachable(self) -> bool:
         try:

@@ -92,7 +92,7 @@ async def test_a_killed_process_journal_is_replayed_once_by_its_successor(
     await successor.start()  # replays before serving
     try:
         assert await count_rows(db) == 120
-        assert not segments(spool / "journal")
+        assert segment not in segments(spool / "journal")
         assert await successor.replay_journals() == 0
     finally:
         await successor.stop()
