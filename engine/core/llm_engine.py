@@ -38,8 +38,7 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.speculative import NgramSpeculator
 from engine.core.stopping import StopStringMatcher
-from engine.layers.packed_linear import activation_dtype, pack_cpu_linears
-from engine.loader.memory import release_freed_memory
+from engine.layers.packed_linear import activation_dtype
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
 from engine.structured.grammar import GrammarCompiler, grammar_complete
@@ -81,12 +80,14 @@ class LLMEngine:
         tokenizer: Tokenizer,
         model_config: ModelConfig,
         model_name: str,
+        steps_in_c: bool = False,
     ) -> None:
         self.config = config
         self.device = config.resolved_device()
         self.dtype = activation_dtype(model)
-        self.steps_in_c = any(getattr(m, "decode_kernel", None) is not None for m in model.modules())
-        """Decode steps run as one C call (the C kernels' path, engine/cpu/decoder_layer.py)."""
+        self.steps_in_c = steps_in_c
+        """Decode steps run as one C call (the loader installed the C kernels: engine/loader/serving.py);
+        on CPU the default thread count follows it (``default_num_threads``)."""
         if self.device.type == "cpu":
             torch.set_num_threads(config.resolved_num_threads(steps_in_c=self.steps_in_c))
         self.tokenizer = tokenizer
@@ -124,32 +125,16 @@ class LLMEngine:
     @classmethod
     def from_config(cls, config: EngineConfig) -> LLMEngine:
         """Load the configured model (None: the default SmolLM2 GGUF) and build an engine on it."""
-        from engine.loader.load import load_model
+        from engine.loader.serving import load_for_engine
 
-        device = config.resolved_device()
-        dtype = config.resolved_dtype(device)
-        # The CPU fast path keeps a GGUF's 4-bit weights: in bf16 where the CPU has it natively, else
-        # in float32 activations (``--dtype auto``); ``--dtype float32`` is the exact path.
-        fast_cpu = (
-            device.type == "cpu"
-            and config.pack_cpu_linears
-            and (dtype == torch.bfloat16 or config.dtype == "auto")
-        )
-        loaded = load_model(config.model, device, dtype, quant=config.quant, keep_gguf_int4=fast_cpu)
-        if config.pack_cpu_linears and device.type == "cpu":
-            # This engine loaded the model, so it may rewrite its modules.
-            pack_cpu_linears(
-                loaded.model,
-                int4_in_float32=fast_cpu and dtype == torch.float32,
-                c_kernels=config.cpu_kernels != "torch",
-            )
-        release_freed_memory()
+        loaded = load_for_engine(config)
         return cls(
             config,
             model=loaded.model,
             tokenizer=loaded.tokenizer,
             model_config=loaded.config,
             model_name=loaded.name,
+            steps_in_c=loaded.steps_in_c,
         )
 
     def _make_block_manager(self, allocator: BlockAllocator) -> BlockManager:

@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.core.context import get_context
 from engine.cpu import kernels as cpu_kernels
+from engine.layers.attention_backends import CDecode
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 _FORMATS = {"q4_1": 1, "q8_0": 0}
@@ -89,7 +90,7 @@ def supports(layer: nn.Module) -> bool:
         and _on_c_kernel(attention.o_proj)
         and _on_c_kernel(mlp.gate_up_proj)
         and _on_c_kernel(mlp.down_proj)
-        and attention.attn.c_kernel
+        and isinstance(attention.attn.backend, CDecode)
         and mlp.act.c_kernel
         and layer.input_layernorm.c_kernel
         and layer.post_attention_layernorm.c_kernel

@@ -7,9 +7,10 @@ the causal mask shifted by the tokens already cached. Grouped-query attention
 folds the query heads that share a KV head into the query-length axis, so K/V
 are never repeated.
 
-Decode rows (one new token) of all sequences are batched into one call: on
-CUDA the Triton paged-attention kernel, elsewhere one SDPA over the gathered
-blocks. Sequences with several new tokens run one SDPA each.
+Decode rows (one new token) of all sequences are batched into one call to the
+layer's decode backend, chosen once at load (``engine/layers/attention_backends.py``:
+Triton on CUDA, the C kernel on the float32 CPU fast path, else SDPA over the
+gathered blocks). Sequences with several new tokens run one SDPA each.
 
 Without a KV cache (``k_cache`` empty, e.g. a bare model in a parity test) each
 sequence attends causally over its own new tokens only; without a context at all
@@ -25,16 +26,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.context import Context, get_context
-from engine.cpu import kernels as cpu_kernels
+from engine.layers.attention_backends import DecodeBackend, TorchDecode
 
-DECODE_KEY_BUCKET = 128
-"""Decode rows are padded to a multiple of this many keys, each to its own (``_decode_groups``)."""
 QUERY_TILE = 128
 """Query positions per tile of the float32 chunk attention of bfloat16 models (``_attend_tiles``)."""
 
 
 class Attention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        num_kv_heads: int,
+        scale: float,
+        backend: DecodeBackend | None = None,
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
@@ -45,14 +51,13 @@ class Attention(nn.Module):
         # Assigned by the model runner: [num_blocks, block_size, num_kv_heads, head_dim].
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
-        self.c_kernel = False
-        """Set on the float32 CPU fast path (``pack_cpu_linears``): decode rows read the cache in place
-        through a C kernel instead of a gather and SDPA per length bucket, and the cache is float16."""
+        self.backend: DecodeBackend = backend or TorchDecode()
+        """How decode rows read the cache; the loader sets it once (``engine/loader/serving.py``)."""
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
-        """The KV cache's dtype for a model computing in ``model_dtype``. On the C kernel, float16
-        (as llama.cpp keeps it): half the bytes that a decode step reads and that the cache holds."""
-        return torch.float16 if self.c_kernel and model_dtype == torch.float32 else model_dtype
+        """The KV cache's dtype for a model computing in ``model_dtype`` (the backend's to say: float16
+        on the C kernel, as llama.cpp keeps it)."""
+        return self.backend.cache_dtype(model_dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
@@ -101,41 +106,7 @@ class Attention(nn.Module):
 
     def _attend_decode(self, q: torch.Tensor, ctx: Context, rows: list[int] | None) -> torch.Tensor:
         """One new token per sequence; ``rows`` picks the sequences (None: all of them)."""
-        if q.is_cuda:
-            from engine.kernels.paged_attention import paged_attention
-
-            tables, lens = ctx.block_tables, ctx.context_lens
-            if rows is not None:
-                index = torch.tensor(rows, device=q.device)
-                tables, lens = tables[index], lens[index]
-            return paged_attention(q, self.k_cache, self.v_cache, tables, lens, self.scale)
-        if self.c_kernel:
-            tables, lens = ctx.block_tables, ctx.context_lens
-            if rows is not None:
-                index = torch.tensor(rows, device=q.device)
-                tables, lens = tables[index], lens[index]
-            return cpu_kernels.paged_decode_attention(
-                q.float(), self.k_cache, self.v_cache, tables, lens, self.scale
-            ).to(q.dtype)
-        return self._decode_torch(q, ctx, rows)
-
-    def _decode_torch(self, q: torch.Tensor, ctx: Context, rows: list[int] | None) -> torch.Tensor:
-        # The groups, gather indexes and masks are the same for every layer; build them once per step.
-        key = ("decode", None if rows is None else tuple(rows))
-        groups = ctx.cache.get(key)
-        if groups is None:
-            groups = ctx.cache[key] = _decode_groups(ctx, rows, self.k_cache.shape[1], q.device)
-        kv_heads, dim = self.num_kv_heads, self.head_dim
-        queries = q.reshape(q.shape[0], kv_heads, self.num_heads // kv_heads, dim).to(self.k_cache.dtype)
-        out = torch.empty_like(queries)
-        for members, block_index, mask in groups:  # type: ignore[attr-defined]
-            batch = members.shape[0]
-            keys = self.k_cache.index_select(0, block_index).view(batch, -1, kv_heads, dim).transpose(1, 2)
-            values = self.v_cache.index_select(0, block_index).view(batch, -1, kv_heads, dim).transpose(1, 2)
-            out[members] = F.scaled_dot_product_attention(
-                queries[members], keys, values, attn_mask=mask, scale=self.scale
-            )
-        return out.reshape(q.shape[0], self.num_heads, dim).to(q.dtype)
+        return self.backend(q, self.k_cache, self.v_cache, ctx, rows, self.scale)
 
     def _attend_chunk(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step_cache: dict[Hashable, object]
@@ -247,29 +218,8 @@ def _group_causal_mask(
     return mask.expand(group, num_queries, num_keys).reshape(group * num_queries, num_keys)
 
 
-def _decode_groups(
-    ctx: Context, rows: list[int] | None, block_size: int, device: torch.device
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Decode rows grouped by their key count rounded up to ``DECODE_KEY_BUCKET``: for each group the
-    rows ([b] int64), the flat block list to gather ([b * nb] int64) and the padding mask
-    ([b, 1, 1, L] bool).
-
-    A row is padded to its own bucket, whatever else is in the batch, and always masked: SDPA's
-    kernel splits its work by the key count, so padding a row to the batch's longest sequence made
-    its result, and then greedy tokens, depend on the batch. Rows also gather less padding."""
-    lens = ctx.context_lens_host if rows is None else [ctx.context_lens_host[i] for i in rows]
-    tables = ctx.block_tables if rows is None else ctx.block_tables[torch.tensor(rows, device=device)]
-    bucket = max(DECODE_KEY_BUCKET, block_size)
-    by_length: dict[int, list[int]] = {}
-    for i, n in enumerate(lens):
-        by_length.setdefault(-(-n // bucket) * bucket, []).append(i)
-    groups = []
-    for padded, members in sorted(by_length.items()):
-        index = torch.tensor(members, device=device)
-        num_blocks = padded // block_size
-        table = tables[index, :num_blocks].clamp(min=0).long()
-        table = F.pad(table, (0, num_blocks - table.shape[1]))  # blocks past the table: block 0, masked
-        key_pos = torch.arange(padded, device=device)
-        mask = key_pos[None, :] < torch.tensor([lens[i] for i in members], device=device)[:, None]
-        groups.append((index, table.reshape(-1), mask[:, None, None, :]))
-    return groups
+def set_decode_backend(model: nn.Module, backend: DecodeBackend) -> None:
+    """Give every attention layer of ``model`` ``backend`` (the loader does, once)."""
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.backend = backend

@@ -15,8 +15,11 @@ MKL's packed GEMM serves one row count, so batches of ``MIN_PACKED_ROWS`` to ``P
 padded to ``PACKED_ROWS`` and take it. Smaller ones keep ``F.linear`` (MKL's matrix-vector path is
 faster there), and so do larger ones (prefill), whose packing cost is spread over many rows.
 
-The price is a second copy of every weight, so ``LLMEngine.from_config`` packs only models it loaded
-itself, on CPU (``EngineConfig.pack_cpu_linears``, ``tern engine --no-pack-cpu-linears``).
+The price is a second copy of every weight, so only the engine's loader packs, on CPU
+(``EngineConfig.pack_cpu_linears``, ``tern engine --no-pack-cpu-linears``).
+
+Which class replaces which linear is one table, ``engine/loader/linear_factory.py``; each class's
+``supports`` says whether it can take a given module (shape rules, the kernel being there).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class MklPackedLinear(nn.Module):
         self.bias = linear.bias
         with torch.no_grad():
             self.packed_weight = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), PACKED_ROWS)
+
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:
+        return mkl_packing_available()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).contiguous()
@@ -85,6 +92,10 @@ class OneDnnPackedLinear(nn.Module):
         with torch.no_grad():
             # The row-count hint only picks the layout; every row count runs on it.
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:
+        return onednn_packing_available()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
@@ -166,6 +177,10 @@ class Int8PackedCpuLinear(nn.Module):
             self.int8_weight = torch.round(weight / scales[:, None]).clamp(-127, 127).to(torch.int8)
             self.scales = scales.bfloat16()
         self.bias = None if linear.bias is None else linear.bias.detach().float()
+
+    @staticmethod
+    def supports(linear: nn.Linear) -> bool:
+        return True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).to(torch.bfloat16)
@@ -291,64 +306,3 @@ def activation_dtype(model: nn.Module) -> torch.dtype:
     """The dtype the model computes in: its embedding's (the KV cache follows it)."""
     embedding = next(m for m in model.modules() if isinstance(m, nn.Embedding | Q8Embedding))
     return embedding.dtype if isinstance(embedding, Q8Embedding) else embedding.weight.dtype
-
-
-def pack_cpu_linears(model: nn.Module, *, int4_in_float32: bool = False, c_kernels: bool = True) -> int:
-    """Replace the CPU linears of ``model`` by packed ones, in place. Returns how many were replaced.
-
-    - bfloat16 (after fusing q/k/v and gate/up where the model can): ``Int4Linear`` by
-      ``Int4PackedCpuLinear``, ``nn.Linear`` by ``OneDnnPackedLinear`` where oneDNN can (native bf16);
-    - float32 with ``int4_in_float32`` (the fast path on a CPU without native bf16, which loaded the
-      GGUF with its Q4 linears kept), after fusing: ``Int4Linear`` by ``Q4CpuLinear`` and ``nn.Linear``
-      (the lm_head) by ``Q8CpuLinear`` where the C kernels build and ``c_kernels`` allows them, else
-      by ``Int4PackedCpuLinear`` and ``Int8PackedCpuLinear`` (torch's kernels); with the C kernels,
-      RMSNorm, SiLU-and-mul and decode attention take theirs too (``c_kernel``), and a Llama
-      model runs all its layers for a decode step in one C call (``engine/cpu/decoder_layer.py``);
-    - float32: ``nn.Linear`` by ``MklPackedLinear`` (a second copy; the exact path keeps its shapes).
-    """
-    dtype = activation_dtype(model)
-    int4_kernels = dtype == torch.bfloat16 or (dtype == torch.float32 and int4_in_float32)
-    if dtype == torch.bfloat16:
-        pack_dense: type[nn.Module] | None = OneDnnPackedLinear if onednn_packing_available() else None
-    elif int4_kernels:
-        pack_dense = Int8PackedCpuLinear
-    else:
-        pack_dense = MklPackedLinear if dtype == torch.float32 and mkl_packing_available() else None
-    if int4_kernels and hasattr(model, "fuse_projections"):
-        model.fuse_projections()
-    c_kernels = c_kernels and dtype == torch.float32 and int4_in_float32 and cpu_kernels.available()
-    replaced = 0
-    for name, module in list(model.named_modules()):
-        new: nn.Module | None = None
-        if type(module) is nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == dtype:
-            if c_kernels and Q8CpuLinear.supports(module):
-                new = Q8CpuLinear(module)
-            else:
-                new = None if pack_dense is None else pack_dense(module)
-        elif c_kernels and isinstance(module, Int4Linear) and Q4CpuLinear.supports(module):
-            new = Q4CpuLinear(module)
-        elif int4_kernels and isinstance(module, Int4Linear) and Int4PackedCpuLinear.supports(module):
-            new = Int4PackedCpuLinear(module)
-        if new is not None:
-            model.set_submodule(name, new)
-            replaced += 1
-        if c_kernels and hasattr(module, "c_kernel"):
-            module.c_kernel = True  # RMSNorm, SiLU-and-mul and decode attention: their C kernels too
-    if c_kernels:
-        _embed_from_q8_head(model)
-        from engine.cpu.decoder_layer import attach_decoder_kernels  # imports the model classes
-
-        attach_decoder_kernels(model)
-    return replaced
-
-
-def _embed_from_q8_head(model: nn.Module) -> None:
-    """Swap a tied embedding for a :class:`Q8Embedding` on its lm_head's blocks, where they give it
-    back exactly; the float32 table is then freed."""
-    embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
-    heads = [m for m in model.modules() if isinstance(m, Q8CpuLinear)]
-    for name, embedding in embeddings:
-        for head in heads:
-            if Q8Embedding.represents(head, embedding.weight.detach()):
-                model.set_submodule(name, Q8Embedding(head))
-                break

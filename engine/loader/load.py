@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.layers.attention import set_decode_backend
+from engine.layers.attention_backends import TritonDecode
 from engine.layers.quant.checkpoint import (
     QuantizedTensors,
     apply_quantization,
@@ -48,6 +50,8 @@ class LoadedModel:
     name: str
     """The name the model is served under (file stem without quant suffix, or directory name)."""
     path: Path
+    steps_in_c: bool = False
+    """Decode steps run as one C call (set where the loader installed the C kernels: serving.py)."""
 
 
 def default_model_path() -> Path:
@@ -181,6 +185,8 @@ def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
         model = model_class_for(config)(config)
     model = model.to_empty(device=device).to(dtype)
     model.tie_weights()
+    if device.type == "cuda":
+        set_decode_backend(model, TritonDecode())
     return model
 
 

@@ -13,6 +13,7 @@ from torch import nn
 from engine.bench.int4_quality import perplexity
 from engine.config import EngineConfig, cpu_has_native_bf16
 from engine.core.llm_engine import LLMEngine
+from engine.layers.attention_backends import CDecode, TorchDecode
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
     Int8PackedCpuLinear,
@@ -21,11 +22,12 @@ from engine.layers.packed_linear import (
     Q8CpuLinear,
     Q8Embedding,
     onednn_packing_available,
-    pack_cpu_linears,
 )
 from engine.layers.quant.linear import Int4Linear
 from engine.layers.stacking import stack_linears
+from engine.loader.linear_factory import install_cpu_kernels
 from engine.loader.load import LoadedModel
+from engine.loader.serving import serving_plan
 from engine.serving.frames import generate_frames
 from protocol.rpc import ChatMessage, GenerateRequest, SamplingParams
 from tests.engine.conftest import evaluation_ids
@@ -110,7 +112,7 @@ def test_stacked_linears_output_their_parts_side_by_side(kind: str) -> None:
     assert stack_linears([nn.Linear(8, 8), nn.Linear(8, 8, bias=False)]) is None
 
 
-def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
+def test_the_loader_fuses_and_packs_the_default_model() -> None:
     """Through the engine's loader, as ``tern engine`` runs by default on this machine."""
     engine = fast_engine()
     model = engine.runner.model
@@ -124,12 +126,16 @@ def test_pack_cpu_linears_fuses_and_packs_the_default_model() -> None:
     assert isinstance(model.lm_head, OneDnnPackedLinear if DEFAULT_ON_TORCH_BF16 else Q8CpuLinear)
     # on the C kernels the tied embedding is looked up from the lm_head's Q8_0 blocks (no float table)
     assert isinstance(model.model.embed_tokens, nn.Embedding if DEFAULT_ON_TORCH_BF16 else Q8Embedding)
+    backend = TorchDecode if DEFAULT_ON_TORCH_BF16 else CDecode
+    assert isinstance(layer.self_attn.attn.backend, backend)
     assert engine.runner.kv_cache.dtype == (torch.bfloat16 if DEFAULT_ON_TORCH_BF16 else torch.float16)
     # on the C kernels, decode steps run all layers in one call (engine/cpu/decoder_layer.py), and the
     # engine's default thread count takes every core for them
     assert (model.model.decode_kernel is None) == DEFAULT_ON_TORCH_BF16
     assert engine.steps_in_c == (not DEFAULT_ON_TORCH_BF16)
-    assert pack_cpu_linears(model) == 0  # nothing left to pack
+    plan = serving_plan(engine.config, engine.device, engine.dtype)
+    assert plan.cpu_kernels is not None and plan.keep_gguf_int4
+    assert install_cpu_kernels(model, plan.cpu_kernels).replaced == 0  # nothing left to pack
 
 
 _FAST_ENGINES: dict[bool, LLMEngine] = {}

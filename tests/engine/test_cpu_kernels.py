@@ -14,15 +14,16 @@ from torch import Tensor, nn
 from engine.core.context import make_context, reset_context, set_context
 from engine.cpu import kernels
 from engine.cpu.decoder_layer import DecoderLayersKernel
+from engine.layers.attention_backends import CDecode, TorchDecode
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
     Q4CpuLinear,
     Q8CpuLinear,
     Q8Embedding,
     activation_dtype,
-    pack_cpu_linears,
 )
 from engine.layers.quant.linear import Int4Linear
+from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from engine.models.llama import LlamaForCausalLM
 from tests.engine.tiny_engine import make_tiny_model
 
@@ -255,7 +256,7 @@ def fast_tiny_model(attention_bias: bool) -> LlamaForCausalLM:
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and name != "lm_head":
             model.set_submodule(name, Int4Linear.from_linear(module, group_size=32))
-    pack_cpu_linears(model, int4_in_float32=True)
+    install_cpu_kernels(model, CpuKernels.C_F32)
     return model
 
 
@@ -271,7 +272,7 @@ def test_a_tied_q8_0_embedding_is_looked_up_from_the_lm_head_blocks(q8_table: bo
             codes, scales = kernels.quantize_q8_0(table)
             table.copy_((codes.float().unflatten(1, (-1, 32)) * scales.float()[..., None]).flatten(1))
     expected = table.detach().clone()
-    pack_cpu_linears(model, int4_in_float32=True)
+    install_cpu_kernels(model, CpuKernels.C_F32)
     embedding = model.model.embed_tokens
     assert isinstance(model.lm_head, Q8CpuLinear)
     assert isinstance(embedding, Q8Embedding) == q8_table
@@ -289,6 +290,7 @@ def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bia
     kernel = model.model.decode_kernel
     assert isinstance(kernel, DecoderLayersKernel) and kernel.layers == list(layers)
     attention = [layer.self_attn.attn for layer in layers]
+    assert all(isinstance(attn.backend, CDecode) for attn in attention)
     block_size, kv_heads, dim = 4, attention[0].num_kv_heads, attention[0].head_dim
     cache = torch.zeros(2, len(layers), 16, block_size, kv_heads, dim, dtype=torch.float16)
     for i, attn in enumerate(attention):
@@ -346,7 +348,8 @@ def test_torch_kernels_can_be_chosen_instead() -> None:
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and name != "lm_head":
             model.set_submodule(name, Int4Linear.from_linear(module, group_size=32))
-    pack_cpu_linears(model, int4_in_float32=True, c_kernels=False)
+    install_cpu_kernels(model, CpuKernels.TORCH_INT4_F32)
     layer = model.model.layers[0]
     assert isinstance(layer.self_attn.qkv_proj, Int4PackedCpuLinear)
     assert model.model.decode_kernel is None and not layer.input_layernorm.c_kernel
+    assert isinstance(layer.self_attn.attn.backend, TorchDecode)

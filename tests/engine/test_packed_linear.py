@@ -18,8 +18,8 @@ from engine.layers.packed_linear import (
     PACKED_ROWS,
     MklPackedLinear,
     mkl_packing_available,
-    pack_cpu_linears,
 )
+from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from tests.engine.test_engine import PROMPTS, request, run, tokens_of
 from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_model
 
@@ -46,7 +46,7 @@ def packed_tiny_engine(pack: bool) -> LLMEngine:
     model, config = make_tiny_model()
     if pack:
         # every decoder linear and lm_head (2 layers x 7 + 1)
-        assert pack_cpu_linears(model) == 2 * 7 + 1
+        assert install_cpu_kernels(model, CpuKernels.MKL_F32).replaced == 2 * 7 + 1
     return LLMEngine(
         EngineConfig(device="cpu", block_size=4, num_kv_blocks=256, max_num_batched_tokens=32),
         model=model,

@@ -1,0 +1,177 @@
+"""The linear factory: which module runs each linear of a loaded model, one table keyed by the
+weight's format and the CPU kernel set the loader chose (``engine/loader/serving.py``).
+
+The loader calls :func:`install_cpu_kernels` once, after the weights are in. For every linear it
+looks up ``LINEAR_KERNELS[kernels][weight_format(module)]``: a tuple of candidate classes, tried in
+order; the first whose ``supports(module)`` holds replaces the module (``Class(module)``), and
+where none does, or the format has no row, the module stays as it was loaded. Nothing is decided
+per call afterwards: a replaced module runs its one kernel.
+
+Weight formats (:class:`WeightFormat`, found by the module's exact type in ``MODULE_FORMATS``):
+
+- ``FLOAT``: ``nn.Linear`` (float checkpoints, and GGUF tensors the reader dequantized, such as the
+  default model's Q8_0 tied embedding / lm_head);
+- ``INT4``: ``Int4Linear``, group-wise ``code * scale + min``: GGML Q4_0 and Q4_1 blocks kept as they
+  are (``keep_gguf_int4``), AutoAWQ GEMM checkpoints, RTN-quantized float checkpoints;
+- ``TERNARY``: ``TernaryLinear`` (BitNet b1.58); no CPU kernel set has a row for it.
+
+Kernel sets (:class:`CpuKernels`): ``MKL_F32`` (the exact float32 path, weights also MKL-packed),
+``ONEDNN_BF16`` (bf16 on a CPU with native bf16), ``TORCH_INT4_F32`` (torch's int4/int8 kernels in a
+float32 model) and ``C_F32`` (the C kernels of ``engine/cpu``: with them RMSNorm, SiLU-and-mul and
+decode attention take their C kernels too, and a Llama model runs every layer of a decode step in one
+C call).
+
+How a new GGML type's kernel plugs in (say Q6_K, with a C kernel in ``engine/cpu``):
+
+1. The GGUF reader (``engine/loader/gguf_file.py``) keeps that type's blocks raw instead of
+   dequantizing them, and the loader installs a module that holds them (say ``GgmlLinear`` with its
+   ``ggml_type``), as it does for Q4 blocks with ``Int4Linear``.
+2. Add ``WeightFormat.Q6_K = "q6_k"`` and map the holding module's type to it in ``MODULE_FORMATS``
+   (a module class that holds several GGML types gets :func:`weight_format` to read its type).
+3. A drop-in CPU linear in ``engine/layers`` (as ``Q4CpuLinear`` in packed_linear.py): built from the
+   holding module, with a ``supports(module) -> bool`` staticmethod (shape rules, kernel built), a
+   ``format`` string, and ``forward`` calling the kernel; tested against a plain-torch reference.
+4. One row here: ``LINEAR_KERNELS[CpuKernels.C_F32][WeightFormat.Q6_K] = (Q6KCpuLinear,)``, and, if the
+   one-call decoder layer should run it, its ``format`` in ``engine/cpu/decoder_layer.py``'s table.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from torch import nn
+
+from engine.layers.activation import SiluAndMul
+from engine.layers.attention import set_decode_backend
+from engine.layers.attention_backends import CDecode
+from engine.layers.norm import RMSNorm
+from engine.layers.packed_linear import (
+    Int4PackedCpuLinear,
+    Int8PackedCpuLinear,
+    MklPackedLinear,
+    OneDnnPackedLinear,
+    Q4CpuLinear,
+    Q8CpuLinear,
+    Q8Embedding,
+    activation_dtype,
+)
+from engine.layers.quant.linear import Int4Linear, TernaryLinear
+
+
+class WeightFormat(enum.StrEnum):
+    FLOAT = "float"
+    INT4 = "int4"
+    TERNARY = "ternary"
+
+
+class CpuKernels(enum.StrEnum):
+    """The CPU kernel set a model is served on; the loader picks one per engine (serving.py)."""
+
+    MKL_F32 = "mkl-f32"
+    ONEDNN_BF16 = "onednn-bf16"
+    TORCH_INT4_F32 = "torch-int4-f32"
+    C_F32 = "c-f32"
+
+
+MODULE_FORMATS: dict[type[nn.Module], WeightFormat] = {
+    nn.Linear: WeightFormat.FLOAT,
+    Int4Linear: WeightFormat.INT4,
+    TernaryLinear: WeightFormat.TERNARY,
+}
+
+
+@runtime_checkable
+class FusesProjections(Protocol):
+    """A model that can stack q/k/v and gate/up into one linear each (engine/models/llama.py)."""
+
+    def fuse_projections(self) -> int: ...
+
+
+class CpuLinear(Protocol):
+    """What a row of the table holds: a drop-in module class built from the module it replaces."""
+
+    def __call__(self, module: nn.Module, /) -> nn.Module: ...
+    def supports(self, module: nn.Module, /) -> bool: ...
+
+
+LINEAR_KERNELS: dict[CpuKernels, dict[WeightFormat, tuple[CpuLinear, ...]]] = {
+    CpuKernels.MKL_F32: {WeightFormat.FLOAT: (MklPackedLinear,)},  # type: ignore[dict-item]
+    CpuKernels.ONEDNN_BF16: {
+        WeightFormat.FLOAT: (OneDnnPackedLinear,),  # type: ignore[dict-item]
+        WeightFormat.INT4: (Int4PackedCpuLinear,),  # type: ignore[dict-item]
+    },
+    CpuKernels.TORCH_INT4_F32: {
+        WeightFormat.FLOAT: (Int8PackedCpuLinear,),  # type: ignore[dict-item]
+        WeightFormat.INT4: (Int4PackedCpuLinear,),  # type: ignore[dict-item]
+    },
+    CpuKernels.C_F32: {
+        WeightFormat.FLOAT: (Q8CpuLinear, Int8PackedCpuLinear),  # type: ignore[dict-item]
+        WeightFormat.INT4: (Q4CpuLinear, Int4PackedCpuLinear),  # type: ignore[dict-item]
+    },
+}
+"""kernel set -> weight format -> candidate classes, the first that ``supports`` the module wins."""
+
+FUSES_PROJECTIONS = {CpuKernels.ONEDNN_BF16, CpuKernels.TORCH_INT4_F32, CpuKernels.C_F32}
+"""Kernel sets that first stack q/k/v and gate/up into one linear each (fewer, wider GEMMs; the exact
+MKL path keeps the checkpoint's shapes)."""
+
+
+def weight_format(module: nn.Module) -> WeightFormat | None:
+    return MODULE_FORMATS.get(type(module))
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`install_cpu_kernels` did to a model."""
+
+    replaced: int
+    """Linears replaced by the table's modules."""
+    steps_in_c: bool
+    """Decode steps run as one C call (``engine/cpu/decoder_layer.py``): the thread policy reads it."""
+
+
+def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
+    """Replace ``model``'s CPU linears by ``kernels``' modules, in place (module weights on CPU; float
+    linears only in the model's own dtype). With ``C_F32`` the norms, activation and decode attention
+    take their C kernels too, a tied embedding is looked up from a Q8_0 lm_head's blocks where they
+    give it back exactly, and Llama layers get the one-call decode kernel."""
+    dtype = activation_dtype(model)
+    if kernels in FUSES_PROJECTIONS and isinstance(model, FusesProjections):
+        model.fuse_projections()
+    table = LINEAR_KERNELS[kernels]
+    replaced = 0
+    for name, module in list(model.named_modules()):
+        fmt = weight_format(module)
+        if fmt is None or fmt not in table:
+            continue
+        if fmt is WeightFormat.FLOAT and (module.weight.device.type != "cpu" or module.weight.dtype != dtype):
+            continue
+        for cls in table[fmt]:
+            if cls.supports(module):
+                model.set_submodule(name, cls(module))
+                replaced += 1
+                break
+    if kernels is not CpuKernels.C_F32:
+        return Installed(replaced, steps_in_c=False)
+    for module in model.modules():
+        if isinstance(module, RMSNorm | SiluAndMul):
+            module.c_kernel = True
+    set_decode_backend(model, CDecode())
+    _embed_from_q8_head(model)
+    from engine.cpu.decoder_layer import attach_decoder_kernels
+
+    return Installed(replaced, steps_in_c=attach_decoder_kernels(model))
+
+
+def _embed_from_q8_head(model: nn.Module) -> None:
+    """Swap a tied embedding for a :class:`Q8Embedding` on its lm_head's blocks, where they give it
+    back exactly; the float32 table is then freed."""
+    embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
+    heads = [m for m in model.modules() if isinstance(m, Q8CpuLinear)]
+    for name, embedding in embeddings:
+        for head in heads:
+            if Q8Embedding.represents(head, embedding.weight.detach()):
+                model.set_submodule(name, Q8Embedding(head))
+                break
