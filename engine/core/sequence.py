@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    import llguidance
+    from engine.structured.json_bounds import BoundedMatcher
 
 from engine.core.outputs import SamplingParams
 
@@ -67,7 +67,7 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     """Speculative decoding: guesses for the tokens after the last one, checked by this step."""
     draft_stats: DraftStats = field(default_factory=DraftStats)
-    matcher: llguidance.LLMatcher | None = None
+    matcher: BoundedMatcher | None = None
     """Structured output: where this sequence is in its grammar (masks its logits, eats its tokens)."""
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ import torch
 
 from engine.core.outputs import RequestError
 from engine.metrics import EngineMetrics
+from engine.structured.json_bounds import BoundedMatcher, NumberBounds, with_integer_bounds
 from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -41,9 +42,10 @@ class Grammar:
 
     source: str
     _pristine: llguidance.LLMatcher
+    _bounds: NumberBounds
 
-    def matcher(self) -> llguidance.LLMatcher:
-        return self._pristine.deep_copy()
+    def matcher(self) -> BoundedMatcher:
+        return BoundedMatcher(self._pristine.deep_copy(), self._bounds)
 
 
 class GrammarCompiler:
@@ -64,6 +66,7 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._lock = threading.Lock()
         self._ll_tokenizer: llguidance.LLTokenizer | None = None
+        self._number_bounds: NumberBounds | None = None
 
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
@@ -76,6 +79,15 @@ class GrammarCompiler:
                     eos_token=list(self._tokenizer.eos_token_ids),
                 )
             return self._ll_tokenizer
+
+    @property
+    def number_bounds(self) -> NumberBounds:
+        """Each token's bytes, for the number bounds every grammar's matchers keep (json_bounds)."""
+        tokenizer = self.ll_tokenizer
+        with self._lock:
+            if self._number_bounds is None:
+                self._number_bounds = NumberBounds.for_tokenizer(tokenizer, self._vocab_size)
+            return self._number_bounds
 
     def json_schema(self, schema: dict[str, Any]) -> Grammar:
         """A grammar for JSON valid against ``schema``; a 400 naming what the schema uses that
@@ -121,7 +133,7 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(tokenizer, source, log_level=0)
         if matcher.is_error():
             raise RequestError(f"The schema cannot be used: {matcher.get_error()}", param=param)
-        return Grammar(source, matcher)
+        return Grammar(source, matcher, self.number_bounds)
 
 
 _LOCATION = re.compile(r"^at \d+\(\d+\): ")
@@ -144,23 +156,23 @@ def lark_json(schema: dict[str, Any]) -> str:
 
 
 def json_with_options(schema: dict[str, Any]) -> str:
-    """``schema`` as llguidance's ``%json`` takes it, with :data:`JSON_OPTIONS` (the caller's own
-    ``x-guidance`` settings win)."""
+    """``schema`` as llguidance's ``%json`` takes it: integers bounded (json_bounds), with
+    :data:`JSON_OPTIONS` (the caller's own ``x-guidance`` settings win)."""
     options = JSON_OPTIONS | schema.get("x-guidance", {})
-    return json.dumps(schema | {"x-guidance": options}, separators=(",", ":"))
+    return json.dumps(with_integer_bounds(schema) | {"x-guidance": options}, separators=(",", ":"))
 
 
-def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[llguidance.LLMatcher]) -> torch.Tensor:
+def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[BoundedMatcher]) -> torch.Tensor:
     """``logits`` with the tokens each matcher forbids set to -inf, on ``rows`` only (others untouched,
     so unconstrained sequences in the batch sample exactly as they would alone)."""
     bits = _mask_words(len(rows), logits.shape[1])
     for j, matcher in enumerate(matchers):
-        matcher.unsafe_compute_mask_ptr(bits[j].ctypes.data, bits[j].nbytes)
+        matcher.fill_mask(bits[j])
     index = torch.tensor(rows, device=logits.device)
     return logits.index_put((index,), _masked(logits[index], bits))
 
 
-def mask_draft_rows(logits: torch.Tensor, matcher: llguidance.LLMatcher, drafts: list[int]) -> torch.Tensor:
+def mask_draft_rows(logits: torch.Tensor, matcher: BoundedMatcher, drafts: list[int]) -> torch.Tensor:
     """The rows of one sequence's verification step (``logits`` [k + 1, V], row ``i`` after
     ``drafts[:i]``), each masked by the grammar's state at its position: what a plain step there would
     mask. The matcher consumes the drafts to get there and rolls them back, so it ends as it began;
@@ -168,7 +180,7 @@ def mask_draft_rows(logits: torch.Tensor, matcher: llguidance.LLMatcher, drafts:
     bits = _mask_words(len(drafts) + 1, logits.shape[1])
     consumed = 0
     for i in range(len(drafts) + 1):
-        matcher.unsafe_compute_mask_ptr(bits[i].ctypes.data, bits[i].nbytes)
+        matcher.fill_mask(bits[i])
         if i == len(drafts) or matcher.try_consume_tokens([drafts[i]]) != 1:
             break
         consumed += 1
@@ -191,7 +203,7 @@ def _masked(logits: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
     return torch.where(torch.from_numpy(allowed).to(logits.device), logits, float("-inf"))
 
 
-def grammar_complete(matcher: llguidance.LLMatcher, token_id: int) -> bool:
+def grammar_complete(matcher: BoundedMatcher, token_id: int) -> bool:
     """Advance a constrained sequence's grammar by its new token; True once the grammar allows
     nothing more (so the choice ends without spending a step on the end-of-sequence token)."""
     if not matcher.consume_token(token_id):  # cannot happen with the mask applied; end rather than drift
