@@ -4,8 +4,8 @@
 ``app.state.gateway``. A route reads it through a small Protocol of its own domain that names only
 what it uses (``auth.deps.AuthState``, ``proxy.router.ProxyState``, ...), so no domain imports this
 module, which imports them all. Shutdown (SIGTERM, after uvicorn let in-flight requests finish)
-closes the parts in reverse: the engine pool, then the usage buffer is flushed (or spooled to disk if
-Postgres is down), then Redis and the database.
+closes the parts in reverse: the usage buffer is flushed (or spooled to disk if Postgres is down), then
+the engine pool, Redis and the database.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from gateway.reports import service as reports_service
 from gateway.reports.pricing import PriceBook
 from gateway.usage.config import UsageSettings
 from gateway.usage.hook import UsageHook
+from gateway.usage.ledger import LedgerRecovery
 from gateway.usage.recorder import UsageRecorder
 
 log = logging.getLogger("tern.gateway")
@@ -142,10 +143,6 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         liveness = Liveness(redis, instance_id=instance_id, ttl_s=limits_settings.liveness_ttl_s)
         await liveness.start()
         stack.push_async_callback(liveness.stop)
-        usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings(), instance_id=instance_id)
-        usage_recorder.on_recovered.append(LimitsRecovery(redis=redis, liveness=liveness))
-        await usage_recorder.start()
-        stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
         engine_pool = EnginePool(
             settings.engine_specs(),
             health_interval_s=settings.engine_health_interval_s,
@@ -161,6 +158,13 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         )
         await engine_pool.start()
         stack.push_async_callback(engine_pool.close)
+        usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings(), instance_id=instance_id)
+        ledger_recovery = LedgerRecovery(pool=engine_pool, recorder=usage_recorder)
+        stack.push_async_callback(ledger_recovery.close)
+        # After a crash: bill the dead process's journal, then its cut streams; free what it held.
+        usage_recorder.on_recovered += [LimitsRecovery(redis=redis, liveness=liveness), ledger_recovery]
+        await usage_recorder.start()
+        stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
         request_limiter = _request_limiter(
             db_engine=db_engine,
             sessionmaker=sessionmaker,

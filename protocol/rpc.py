@@ -13,6 +13,9 @@ Wire format:
 - ``POST {RPC_PREFIX}/abort`` takes :class:`AbortRequest`; unknown ids are not an error.
 - ``GET {RPC_PREFIX}/health`` answers :class:`HealthResponse`.
 - ``GET {RPC_PREFIX}/models`` answers :class:`ModelList`.
+- ``GET {RPC_PREFIX}/ledger?instance=ID`` answers :class:`Ledger`: the engine's short memory of the
+  requests whose ``ledger_tag`` names that gateway process, so a restarted gateway bills the
+  streams its predecessor lost.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ GENERATE_PATH = f"{RPC_PREFIX}/generate"
 ABORT_PATH = f"{RPC_PREFIX}/abort"
 HEALTH_PATH = f"{RPC_PREFIX}/health"
 MODELS_PATH = f"{RPC_PREFIX}/models"
+LEDGER_PATH = f"{RPC_PREFIX}/ledger"
 
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 
@@ -105,6 +109,11 @@ class GenerateRequest(_Strict):
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
+    ledger_tag: dict[str, str | float] | None = Field(
+        default=None,
+        description="Kept with the request's token counts in the engine's ledger (its 'instance' "
+        "entry names the gateway process); opaque to the engine",
+    )
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> GenerateRequest:
@@ -187,6 +196,23 @@ class AbortRequest(_Strict):
 
 class AbortResponse(BaseModel):
     aborted: bool
+
+
+class LedgerEntry(BaseModel):
+    """What the engine did for one tagged request; counts are final once ``state`` is not running."""
+
+    request_id: str
+    tag: dict[str, str | float]
+    state: Literal["running", "finished", "aborted"]
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    ended_at: float | None = None
+
+
+class Ledger(BaseModel):
+    entries: list[LedgerEntry]
 
 
 class ModelInfo(BaseModel):

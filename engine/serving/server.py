@@ -5,8 +5,8 @@ runs ``step()`` while there is work. HTTP handlers never touch it directly: they
 tokenise the request in a worker thread, send commands (add, abort) through a
 thread-safe queue and receive each step's outputs on the event loop via
 ``call_soon_threadsafe``, where they become frames (``frames.py``), one asyncio
-queue per request. A stream that ends before its final frame (client gone,
-gateway cancelled) aborts the request, which frees its KV blocks at once.
+queue per request. A stream that ends before its final frame (client gone, gateway cancelled or
+dead) aborts the request, which frees its KV blocks at once; its usage stays in ``ledger.py``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from engine.core.outputs import ErrorKind, RequestError, RequestOutput
 from engine.cpu.openmp import adopt_torch_thread_count, release_openmp_threads
 from engine.metrics import StatsLog
 from engine.serving.frames import Frame, error_frame, to_frames
+from engine.serving.ledger import RequestLedger
 from engine.serving.requests import engine_request
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, parse_request
@@ -38,6 +39,7 @@ from protocol.rpc import (
     ABORT_PATH,
     GENERATE_PATH,
     HEALTH_PATH,
+    LEDGER_PATH,
     MODELS_PATH,
     AbortRequest,
     AbortResponse,
@@ -46,6 +48,7 @@ from protocol.rpc import (
     FinalFrame,
     GenerateRequest,
     HealthResponse,
+    Ledger,
     ModelInfo,
     ModelList,
     encode_frame,
@@ -76,6 +79,7 @@ class EngineThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._streams: dict[str, asyncio.Queue[Frame]] = {}
         self._stats = StatsLog(engine.metrics)
+        self.ledger = RequestLedger()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -109,9 +113,12 @@ class EngineThread:
                 model_name=engine.model_name,
                 grammars=engine.grammars,
             )
+            if request.ledger_tag is not None:
+                self.ledger.start(request_id, request.ledger_tag, len(core.prompt_token_ids))
             await self._call(lambda: engine.add_request(core))
         except BaseException:
             self._streams.pop(request_id, None)
+            self.ledger.forget(request_id)
             raise
         return self._drain(request_id, stream)
 
@@ -128,7 +135,13 @@ class EngineThread:
             if self._streams.get(request_id) is stream:
                 del self._streams[request_id]
             if not finished:  # the consumer left early: stop generating and free the blocks
-                self.submit(lambda: self.engine.abort_request(request_id))
+                self.submit(lambda: self._abort_left(request_id))
+
+    def _abort_left(self, request_id: str) -> None:
+        """(Engine thread.) Abort a request whose consumer left; its usage still goes to the ledger."""
+        out = self.engine.abort_request(request_id)
+        if out is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._deliver_outputs, [out])
 
     async def abort(self, request_id: str) -> bool:
         out = await self._call(lambda: self.engine.abort_request(request_id))
@@ -160,6 +173,7 @@ class EngineThread:
     def _deliver_outputs(self, outputs: list[RequestOutput]) -> None:
         """Turn a step's outputs into frames (on the event loop, off the step thread) and route them."""
         for out in outputs:
+            self.ledger.record(out)
             stream = self._streams.get(out.request_id)
             if stream is not None:
                 for frame in to_frames(out, self.engine.tokenizer):
@@ -207,6 +221,8 @@ class EngineThread:
         for request_id in list(self.engine.request_ids()):
             out = self.engine.abort_request(request_id, reason="error")
             if out is not None:
+                if self._loop is not None:
+                    self._loop.call_soon_threadsafe(self.ledger.record, out)
                 errors.append(
                     (request_id, error_frame(f"the engine failed while generating: {exc}", out.usage))
                 )
@@ -269,6 +285,10 @@ def create_app(engine: LLMEngine) -> FastAPI:
             running=engine.scheduler.num_running,
             waiting=engine.scheduler.num_waiting,
         )
+
+    @app.get(LEDGER_PATH)
+    async def rpc_ledger(instance: str) -> Ledger:
+        return Ledger(entries=worker.ledger.entries(instance))
 
     @app.get("/v1/models")
     @app.get(MODELS_PATH)

@@ -25,7 +25,7 @@ import orjson
 from starlette.types import Send
 
 from gateway.proxy.engine_pool import EnginePool, Upstream
-from gateway.proxy.outcome import CompletionHook, RelayOutcome, UsageJournal
+from gateway.proxy.outcome import CUT_BY_GATEWAY_STATUS, CompletionHook, RelayOutcome, UsageJournal
 from gateway.proxy.relay import BaseRelay
 from gateway.proxy.token_count import TokenCounter, prompt_text
 from protocol.openai.errors import error_body
@@ -39,8 +39,6 @@ COMPLETIONS_PATH = "/v1/completions"
 PROGRESS_INTERVAL_S = 0.5
 """How often a stream's usage so far is journaled (such an engine keeps no ledger to ask after a
 gateway crash); also once at its first text."""
-CUT_BY_GATEWAY_STATUS = 500
-"""The status a stream's progress snapshot is billed with: what the row says if the gateway dies."""
 
 
 class OpenAIRelay(BaseRelay):

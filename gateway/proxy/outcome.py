@@ -53,10 +53,16 @@ class RelayOutcome:
 
 CompletionHook = Callable[[RelayOutcome], Awaitable[None]]
 
+CUT_BY_GATEWAY_STATUS = 500
+"""The status billed for a request whose answer a crash of the gateway process cut off."""
+
 
 class UsageJournal(Protocol):
     """Durable usage while the answer is still open (``gateway.usage.hook``): what survives a crash
     of the gateway process."""
+
+    instance_id: str
+    """This gateway process: tagged onto each RPC request, so the engine's ledger can name it."""
 
     async def commit(self, outcome: RelayOutcome) -> None:
         """The answer is complete: return once its usage is on disk. Takes the outcome before its

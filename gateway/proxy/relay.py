@@ -273,6 +273,16 @@ class Relay(BaseRelay):
             cache_namespace=gen_request.cache_namespace,
         )
         self.gen_request = gen_request
+        if journal is not None and tenant_id is not None and key_id is not None:
+            # What the engine's ledger keeps, for a successor to bill this stream if we die mid-way.
+            gen_request.ledger_tag = {
+                "instance": journal.instance_id,
+                "tenant_id": tenant_id,
+                "key_id": key_id,
+                "model": openai_request.model,
+                "endpoint": endpoint,
+                "started_at": self.outcome.started_at,
+            }
         self._body = gen_request.model_dump_json(exclude_none=True).encode()
 
     def _request(self, upstream: Upstream) -> tuple[str, bytes]:

@@ -44,6 +44,7 @@ def record_from_outcome(outcome: RelayOutcome) -> UsageRecord | None:
 class UsageHook:
     def __init__(self, recorder: UsageRecorder) -> None:
         self.recorder = recorder
+        self.instance_id = recorder.journal.instance_id
 
     async def __call__(self, outcome: RelayOutcome) -> None:
         if outcome.committed:
