@@ -9,6 +9,7 @@ exceptions; each entry must still be needed, so a stale one fails too and gets d
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -250,3 +251,90 @@ def test_engine_core_speaks_its_own_types_not_the_wire() -> None:
     """docs/architecture.md: the core takes and returns its own dataclasses; engine/serving converts."""
     assert _python_files("engine/core"), "engine/core has no source files"
     assert _violations_by_file("engine/core", ("protocol",)) == {}
+
+
+# --------------------------------------------------------------------------- the engine, one way
+
+ENGINE_LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"cli", "bench"}),
+    frozenset({"serving", "quantize"}),
+    frozenset({"core"}),
+    frozenset({"loader", "structured"}),
+    frozenset({"models", "metrics", "tokenizer"}),
+    frozenset({"layers", "cache", "model_config", "chat_template"}),
+    frozenset({"config"}),
+    frozenset({"cpu", "kernels", "errors"}),
+)
+"""engine's first-level children (subpackages and modules), top to bottom: a node imports only nodes
+in layers below its own (docs/architecture.md). The step context sits in ``layers`` (``layers/context.py``),
+so the layers import nothing above them; ``cache`` sees sequences through its own view
+(``cache/sequence_view.py``); ``RequestError`` sits in ``errors`` and ``ToolCall`` in ``structured``,
+which the core imports. A new child is placed here, or the test fails."""
+
+ENGINE_GRAPH_DOC = ROOT / "docs" / "architecture.md"
+_GRAPH_BLOCK = re.compile(r"<!-- engine-imports -->\s*```text\n(.*?)```", re.DOTALL)
+
+
+def _engine_graph() -> dict[str, set[str]]:
+    """engine's first-level children and the ones each imports (any depth, lazy imports included)."""
+    paths = _python_files("engine")
+    nodes = {p.relative_to(ROOT / "engine").parts[0].removesuffix(".py") for p in paths} - {"__init__"}
+    graph: dict[str, set[str]] = {node: set() for node in nodes}
+    for path in paths:
+        module = _module_name(path)
+        parts = module.split(".")
+        if len(parts) < 2:
+            continue
+        for name in imports_of(path.read_text(), module, is_package=path.name == "__init__.py"):
+            target = name.split(".")
+            if target[0] == "engine" and len(target) > 1 and target[1] in nodes and target[1] != parts[1]:
+                graph[parts[1]].add(target[1])
+    return graph
+
+
+def upward_arrows(graph: dict[str, set[str]], layers: tuple[frozenset[str], ...]) -> set[tuple[str, str]]:
+    """Arrows from a node to one in its own layer or a layer above it."""
+    rank = {node: i for i, layer in enumerate(layers) for node in layer}
+    return {(a, b) for a, targets in graph.items() for b in targets if rank[b] <= rank[a]}
+
+
+def test_upward_arrow_finder_detects_a_synthetic_one() -> None:
+    layers = (frozenset({"core"}), frozenset({"layers"}), frozenset({"cpu"}))
+    assert upward_arrows({"core": {"layers", "cpu"}, "layers": {"cpu"}, "cpu": set()}, layers) == set()
+    assert upward_arrows({"core": set(), "layers": {"core"}, "cpu": {"cpu"}}, layers) == {
+        ("layers", "core"),
+        ("cpu", "cpu"),
+    }
+
+
+def test_engine_packages_are_all_placed_and_import_only_downward() -> None:
+    graph = _engine_graph()
+    assert {"core", "layers", "models", "cache", "cpu"} <= set(graph), sorted(graph)
+    placed = set().union(*ENGINE_LAYERS)
+    assert not set(graph) - placed, f"place these in ENGINE_LAYERS: {sorted(set(graph) - placed)}"
+    assert not placed - set(graph), (
+        f"gone from engine/: remove from ENGINE_LAYERS: {sorted(placed - set(graph))}"
+    )
+    assert not _cycles(graph), f"import cycles in engine/: {sorted(_cycles(graph))}"
+    edges = {node: sorted(targets) for node, targets in sorted(graph.items())}
+    assert not upward_arrows(graph, ENGINE_LAYERS), (
+        f"upward arrows: {sorted(upward_arrows(graph, ENGINE_LAYERS))}; {edges}"
+    )
+
+
+def engine_graph_text(graph: dict[str, set[str]]) -> str:
+    """The arrows as docs/architecture.md lists them: one line per importing node, top layer first."""
+    order = [node for layer in ENGINE_LAYERS for node in sorted(layer)]
+    width = max(map(len, order))
+    return "".join(
+        f"{node:<{width}} -> {' '.join(sorted(graph[node], key=order.index))}\n"
+        for node in order
+        if graph.get(node)
+    )
+
+
+def test_docs_draw_the_engine_arrows_the_code_has() -> None:
+    match = _GRAPH_BLOCK.search(ENGINE_GRAPH_DOC.read_text())
+    assert match, "docs/architecture.md has no <!-- engine-imports --> block"
+    expected = engine_graph_text(_engine_graph())
+    assert match.group(1) == expected, f"update docs/architecture.md's engine arrows to:\n{expected}"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from engine.cache.block_allocator import BlockAllocator
 from engine.cache.radix_cache import CacheStats
-from engine.core.sequence import Sequence
+from engine.cache.sequence_view import CachedSequence
 
 
 @dataclass
@@ -57,17 +57,17 @@ class BlockManager:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def num_missing_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+    def num_missing_blocks(self, seq: CachedSequence, num_new_tokens: int) -> int:
         """Blocks ``seq`` lacks to hold its computed tokens plus ``num_new_tokens``."""
         needed = self.blocks_for(seq.num_computed_tokens + num_new_tokens)
         return max(0, needed - len(seq.block_table))
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int, *, reserve: int = 0) -> bool:
+    def can_allocate(self, seq: CachedSequence, num_new_tokens: int, *, reserve: int = 0) -> bool:
         """Whether ``num_new_tokens`` more fit, leaving ``reserve`` blocks to spare."""
         missing = self.num_missing_blocks(seq, num_new_tokens)
         return missing + reserve <= self.num_free_blocks + self.num_reclaimable_blocks()
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+    def allocate(self, seq: CachedSequence, num_new_tokens: int) -> None:
         """Grow ``seq.block_table`` for ``num_new_tokens`` more tokens (raises NoFreeBlocksError)."""
         missing = self.num_missing_blocks(seq, num_new_tokens)
         if missing == 0:
@@ -76,7 +76,7 @@ class BlockManager:
             self._reclaim(missing - self.num_free_blocks)
         seq.block_table.extend(self.allocator.allocate(missing))
 
-    def trim(self, seq: Sequence) -> None:
+    def trim(self, seq: CachedSequence) -> None:
         """Give back blocks beyond what ``seq``'s tokens need (those only rejected drafts wrote to).
         They hold no computed token, so no cache has them: a plain decref frees them."""
         keep = self.blocks_for(seq.num_tokens)
@@ -84,14 +84,14 @@ class BlockManager:
             self.allocator.decref(seq.block_table[keep:])
             del seq.block_table[keep:]
 
-    def share(self, seq: Sequence, blocks: list[int]) -> None:
+    def share(self, seq: CachedSequence, blocks: list[int]) -> None:
         """Give ``seq`` a reference to ``blocks``, which already hold its first tokens."""
         if seq.block_table:
             raise ValueError("can only share blocks into a sequence that holds none")
         self.allocator.incref(blocks)
         seq.block_table = list(blocks)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: CachedSequence) -> None:
         """Drop the sequence's references; its KV is gone (the scheduler resets what it counts)."""
         self.release(seq)
         self.allocator.decref(seq.block_table)
@@ -99,15 +99,15 @@ class BlockManager:
 
     # -- prefix-cache seam (no-ops without a cache) ----------------------------------------
 
-    def cached_prefix_len(self, seq: Sequence) -> int:
+    def cached_prefix_len(self, seq: CachedSequence) -> int:
         """Tokens of ``seq`` that admitting it now would take from the cache."""
         return 0
 
-    def reuse_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+    def reuse_cached_prefix(self, seq: CachedSequence) -> CachedPrefix:
         """Adopt cached blocks for the start of ``seq``; return how many tokens they hold."""
         return CachedPrefix()
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: CachedSequence) -> None:
         """Called before ``seq`` drops its blocks, so a cache can keep what it computed."""
 
     def num_reclaimable_blocks(self) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
 from engine.cache.block_manager import BlockManager, CachedPrefix
 from engine.cache.radix_cache import CacheStats, RadixCache, RadixNode
-from engine.core.sequence import Sequence
+from engine.cache.sequence_view import CachedSequence
 
 
 @dataclass(eq=False)
@@ -43,16 +43,16 @@ class PrefixCachingBlockManager(BlockManager):
         self.model_name = model_name
         self.cache = RadixCache(allocator, block_size)
 
-    def namespace(self, seq: Sequence) -> tuple[str, str | None]:
+    def namespace(self, seq: CachedSequence) -> tuple[str, str | None]:
         return (self.model_name, seq.cache_namespace)
 
     def cache_stats(self) -> CacheStats:
         return self.cache.stats()
 
-    def cached_prefix_len(self, seq: Sequence) -> int:
+    def cached_prefix_len(self, seq: CachedSequence) -> int:
         return self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1]).num_tokens
 
-    def reuse_cached_prefix(self, seq: Sequence) -> CachedPrefix:
+    def reuse_cached_prefix(self, seq: CachedSequence) -> CachedPrefix:
         # At least the last token is computed, so the step yields logits for it.
         match = self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1])
         self.cache.lock(match.last_node)
@@ -66,11 +66,11 @@ class PrefixCachingBlockManager(BlockManager):
             reused.block_copies.append((match.partial_block, dst))
         return reused
 
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+    def allocate(self, seq: CachedSequence, num_new_tokens: int) -> None:
         self._insert_computed(seq)
         super().allocate(seq, num_new_tokens)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: CachedSequence) -> None:
         self._insert_computed(seq)
         handle = seq.prefix_handle
         if isinstance(handle, _CacheHandle):
@@ -92,7 +92,7 @@ class PrefixCachingBlockManager(BlockManager):
         except NoFreeBlocksError:
             return None
 
-    def _insert_computed(self, seq: Sequence) -> None:
+    def _insert_computed(self, seq: CachedSequence) -> None:
         """Put the sequence's newly completed whole pages in the tree and lock its new deepest node."""
         handle = seq.prefix_handle
         if not isinstance(handle, _CacheHandle):

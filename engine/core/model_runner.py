@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from engine.config import KV_TOKENS_PER_SEQ, EngineConfig
-from engine.core.context import make_context, reset_context, set_context
 from engine.core.sampler import SampledToken, sample
 from engine.core.scheduler import SchedulerOutput
 from engine.core.speculative import verify
 from engine.layers.attention import Attention
+from engine.layers.context import make_context, reset_context, set_context
 from engine.model_config import ModelConfig
 
 log = logging.getLogger(__name__)

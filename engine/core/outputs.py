@@ -7,41 +7,31 @@ and turns :class:`RequestOutput` into the RPC's frames (``engine/serving/frames.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
+
+from engine.errors import ErrorKind, RequestError
+from engine.structured.tool_calls import ToolCall
 
 if TYPE_CHECKING:
     from engine.structured.grammar import Grammar
     from engine.structured.tool_calls import ToolCallParser
 
+__all__ = [
+    "ChoiceDelta",
+    "EngineRequest",
+    "ErrorKind",
+    "FinishReason",
+    "Logprob",
+    "RequestError",
+    "RequestOutput",
+    "RequestUsage",
+    "SamplingParams",
+    "ToolCall",
+]
+
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
-
-
-class ErrorKind(enum.Enum):
-    """Why a request is refused; the value is the error code clients see (the server maps it to a status)."""
-
-    INVALID_REQUEST = "invalid_request"
-    MODEL_NOT_FOUND = "model_not_found"
-    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
-    CONFLICT = "conflict"
-
-
-class RequestError(ValueError):
-    """A request the engine refuses before doing any work."""
-
-    def __init__(
-        self, message: str, *, kind: ErrorKind = ErrorKind.INVALID_REQUEST, param: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.kind = kind
-        self.param = param
-
-    @property
-    def code(self) -> str:
-        return self.kind.value
 
 
 @dataclass(frozen=True)
@@ -81,15 +71,6 @@ class EngineRequest:
     """Structured output: every choice's tokens are held to this grammar."""
     tool_parser: Callable[[], ToolCallParser] | None = None
     """Tool calling: makes each choice's parser, which finds the calls in its text."""
-
-
-@dataclass
-class ToolCall:
-    """A function call found in a choice's output; ``arguments`` is JSON text."""
-
-    id: str
-    name: str
-    arguments: str
 
 
 @dataclass

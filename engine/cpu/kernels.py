@@ -372,7 +372,7 @@ def decoder_layers(
     context_lens: torch.Tensor,
 ) -> torch.Tensor:
     """Every decoder layer in ``layers`` (a ctypes array of their C structs, which
-    ``engine/cpu/decoder_layer.py`` builds), one after the other, over decode rows hidden [M, E]:
+    ``engine/models/llama_decode_kernel.py`` builds), one after the other, over decode rows hidden [M, E]:
     cos and sin [M, ..., D] float32 rows, slots [M] int64, block_tables [M, width] and context_lens
     [M] int32, as the step's context holds them."""
     hidden = _rows(hidden)

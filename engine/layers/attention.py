@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.context import Context, get_context
 from engine.layers.attention_backends import DecodeBackend, TorchDecode
+from engine.layers.context import Context, get_context
 
 QUERY_TILE = 128
 """Query positions per tile of the float32 chunk attention of bfloat16 models (``_attend_tiles``)."""

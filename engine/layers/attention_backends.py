@@ -19,8 +19,8 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from engine.core.context import Context
 from engine.cpu import kernels as cpu_kernels
+from engine.layers.context import Context
 
 DECODE_KEY_BUCKET = 128
 """Decode rows are padded to a multiple of this many keys, each to its own (``_decode_groups``)."""

@@ -32,7 +32,7 @@ How a new GGML type's kernel plugs in (say Q6_K, with a C kernel in ``engine/cpu
    holding module, with a ``supports(module) -> bool`` staticmethod (shape rules, kernel built), a
    ``format`` string, and ``forward`` calling the kernel; tested against a plain-torch reference.
 4. One row here: ``LINEAR_KERNELS[CpuKernels.C_F32][WeightFormat.Q6_K] = (Q6KCpuLinear,)``, and, if the
-   one-call decoder layer should run it, its ``format`` in ``engine/cpu/decoder_layer.py``'s table.
+   one-call decoder layer should run it, its ``format`` in ``engine/models/llama_decode_kernel.py``'s table.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class Installed:
     replaced: int
     """Linears replaced by the table's modules."""
     steps_in_c: bool
-    """Decode steps run as one C call (``engine/cpu/decoder_layer.py``): the thread policy reads it."""
+    """Decode steps run as one C call (``engine/models/llama_decode_kernel.py``); threads follow it."""
 
 
 def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
@@ -160,7 +160,7 @@ def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
             module.c_kernel = True
     set_decode_backend(model, CDecode())
     _embed_from_q8_head(model)
-    from engine.cpu.decoder_layer import attach_decoder_kernels
+    from engine.models.llama_decode_kernel import attach_decoder_kernels
 
     return Installed(replaced, steps_in_c=attach_decoder_kernels(model))
 

@@ -132,7 +132,7 @@ class LlamaModel(nn.Module):
         )
         self.decode_kernel: DecodeKernel | None = None
         """Set on the float32 CPU fast path: every layer in one C call for a step of decode rows only
-        (``engine/cpu/decoder_layer.py``); it returns None for other steps."""
+        (``engine/models/llama_decode_kernel.py``); it returns None for other steps."""
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)

@@ -25,7 +25,7 @@ import llguidance
 import numpy as np
 import torch
 
-from engine.core.outputs import RequestError
+from engine.errors import RequestError
 from engine.metrics import EngineMetrics
 from engine.structured.json_bounds import BoundedMatcher, NumberBounds, with_integer_bounds
 from engine.tokenizer import Tokenizer

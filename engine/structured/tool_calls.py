@@ -8,13 +8,21 @@ import json
 import re
 import uuid
 from collections.abc import Iterable
-
-from engine.core.outputs import ToolCall
+from dataclasses import dataclass
 
 OPEN_TAG = "<tool_call>"
 CLOSE_TAG = "</tool_call>"
 _HERMES_BLOCK = re.compile(re.escape(OPEN_TAG) + r"\s*(.*?)\s*" + re.escape(CLOSE_TAG), re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
+
+
+@dataclass
+class ToolCall:
+    """A function call found in a choice's output; ``arguments`` is JSON text."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 class ToolCallFormat(enum.Enum):

@@ -129,8 +129,8 @@ def test_the_loader_fuses_and_packs_the_default_model() -> None:
     backend = TorchDecode if DEFAULT_ON_TORCH_BF16 else CDecode
     assert isinstance(layer.self_attn.attn.backend, backend)
     assert engine.runner.kv_cache.dtype == (torch.bfloat16 if DEFAULT_ON_TORCH_BF16 else torch.float16)
-    # on the C kernels, decode steps run all layers in one call (engine/cpu/decoder_layer.py), and the
-    # engine's default thread count takes every core for them
+    # on the C kernels, decode steps run all layers in one call (engine/models/llama_decode_kernel.py),
+    # and the engine's default thread count takes every core for them
     assert (model.model.decode_kernel is None) == DEFAULT_ON_TORCH_BF16
     assert engine.steps_in_c == (not DEFAULT_ON_TORCH_BF16)
     plan = serving_plan(engine.config, engine.device, engine.dtype)

@@ -11,10 +11,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from engine.core.context import make_context, reset_context, set_context
 from engine.cpu import kernels
-from engine.cpu.decoder_layer import DecoderLayersKernel
 from engine.layers.attention_backends import CDecode, TorchDecode
+from engine.layers.context import make_context, reset_context, set_context
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
     Q4CpuLinear,
@@ -25,6 +24,7 @@ from engine.layers.packed_linear import (
 from engine.layers.quant.linear import Int4Linear
 from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from engine.models.llama import LlamaForCausalLM
+from engine.models.llama_decode_kernel import DecoderLayersKernel
 from tests.engine.tiny_engine import make_tiny_model
 
 pytestmark = pytest.mark.skipif(

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from engine.core.context import make_context, reset_context, set_context
 from engine.kernels.paged_attention import paged_attention, paged_attention_ref
 from engine.layers.attention import Attention
+from engine.layers.context import make_context, reset_context, set_context
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

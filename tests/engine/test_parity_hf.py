@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from engine.config import EngineConfig
-from engine.core.context import make_context, reset_context, set_context
 from engine.core.llm_engine import LLMEngine
 from engine.layers.attention import Attention
+from engine.layers.context import make_context, reset_context, set_context
 from engine.loader import LoadedModel, load_model
 from engine.serving.frames import generate_frames
 from protocol.rpc import DeltaFrame, GenerateRequest, SamplingParams

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from engine.core.context import get_context
 from engine.cpu import kernels as cpu_kernels
 from engine.layers.attention_backends import CDecode
+from engine.layers.context import get_context
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 _FORMATS = {"q4_1": 1, "q8_0": 0}
