@@ -13,12 +13,17 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "BitNetForCausalLM")
-# The MLP activation each architecture implements (BitNet b1.58: squared ReLU).
-_HIDDEN_ACTS = {"BitNetForCausalLM": "relu2"}
+# The MLP activations each architecture implements (BitNet b1.58: squared ReLU, as transformers' model;
+# SiLU as llama.cpp's "bitnet" graph computes a GGUF of it, whose metadata names no activation).
+_HIDDEN_ACTS = {"BitNetForCausalLM": ("relu2", "silu")}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 # GGUF `general.architecture` -> Hugging Face architecture.
-_GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+_GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "bitnet": "BitNetForCausalLM",
+}
 
 
 @dataclass(frozen=True)
@@ -54,10 +59,11 @@ class ModelConfig:
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        expected_act = _HIDDEN_ACTS.get(self.architecture, "silu")
-        if self.hidden_act != expected_act:
+        expected_act = _HIDDEN_ACTS.get(self.architecture, ("silu",))
+        if self.hidden_act not in expected_act:
+            implemented = " or ".join(expected_act)
             raise ValueError(
-                f"unsupported hidden_act {self.hidden_act!r}; {self.architecture} implements {expected_act!r}"
+                f"unsupported hidden_act {self.hidden_act!r}; {self.architecture} implements {implemented}"
             )
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")
         if rope_type not in SUPPORTED_ROPE_TYPES:

@@ -102,6 +102,17 @@ class TernaryCpuLinear(nn.Module):
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def dequantized_weight(self) -> torch.Tensor:
+        """[N, K] float32: what the codes and scales stand for (for tests and checks, not serving)."""
+        values = ternary.unpack_tq2(self.codes, self.codes.shape[1] * 4).float()
+        if self.row_scales is not None:
+            weight = values * self.row_scales[:, None]
+        else:
+            assert self.block_scales is not None
+            blocks = values.reshape(self.out_features, -1, ternary.QK) * self.block_scales.float()[..., None]
+            weight = blocks.reshape(self.out_features, -1)
+        return weight[:, : self.in_features]
+
     def bits_per_weight(self) -> float:
         """What the weight takes in memory: codes and scales over the layer's weights."""
         scales = self.row_scales if self.row_scales is not None else self.block_scales

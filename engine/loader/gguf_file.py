@@ -1,5 +1,6 @@
 """GGUF files: metadata as a dict, and tensors under Hugging Face names, dequantized to float or,
-for Q4_0/Q4_1 linears under ``--quant int4``, kept as their raw blocks.
+for Q4_0/Q4_1 linears under ``--quant int4`` (and TQ1_0/TQ2_0 ones on the CPU fast path), kept as
+their raw blocks.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
 matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its
@@ -17,7 +18,7 @@ import gguf
 import numpy as np
 import torch
 
-from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES
+from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES, GGUF_TERNARY_SUFFIXES
 
 # Architectures whose q/k rows llama.cpp permuted at conversion (Qwen2 uses NEOX rope: untouched).
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
@@ -37,10 +38,13 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_sub_norm": "self_attn.attn_sub_norm",  # BitNet
+    "ffn_sub_norm": "mlp.ffn_sub_norm",
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # GGML type name -> the name suffix its raw blocks are passed on under (see QuantizedTensors).
 _INT4_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_INT4_SUFFIXES.items()}
+_TERNARY_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_TERNARY_SUFFIXES.items()}
 
 
 def open_gguf(path: str | Path) -> gguf.GGUFReader:
@@ -84,21 +88,31 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
 
 
 def iter_tensors(
-    reader: gguf.GGUFReader, architecture: str, num_heads: int, num_kv_heads: int, *, keep_int4: bool = False
+    reader: gguf.GGUFReader,
+    architecture: str,
+    num_heads: int,
+    num_kv_heads: int,
+    *,
+    keep_int4: bool = False,
+    keep_ternary: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every tensor in the file.
 
     With ``keep_int4``, each decoder linear stored as Q4_0/Q4_1 comes instead as its raw blocks,
     uint8 ``[N, K/32 * block bytes]``, named ``<module>.gguf_q4_0`` / ``.gguf_q4_1``: the loader
-    builds ``Int4Linear`` modules from them without going through float.
+    builds ``Int4Linear`` modules from them without going through float. With ``keep_ternary``, so
+    does each TQ1_0/TQ2_0 one (``.gguf_tq1_0`` / ``.gguf_tq2_0``), for the ternary C kernel.
     """
     permuted = architecture in _PERMUTED_QK_ARCHITECTURES
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
-        int4_suffix = _INT4_SUFFIX_BY_TYPE.get(tensor.tensor_type.name)
-        if keep_int4 and int4_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
+        type_name = tensor.tensor_type.name
+        packed_suffix = (_INT4_SUFFIX_BY_TYPE.get(type_name) if keep_int4 else None) or (
+            _TERNARY_SUFFIX_BY_TYPE.get(type_name) if keep_ternary else None
+        )
+        if packed_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
             values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks
-            name = name.removesuffix(".weight") + int4_suffix
+            name = name.removesuffix(".weight") + packed_suffix
         else:
             values = dequantize(tensor)
         if permuted and ".attn_q." in tensor.name:

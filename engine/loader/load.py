@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from engine.cpu import kernels as cpu_kernels
 from engine.layers.attention import set_decode_backend
 from engine.layers.attention_backends import TritonDecode
 from engine.layers.quant.checkpoint import (
@@ -84,7 +85,8 @@ def load_model(
 
     `quant` (auto | none | int4 | bitnet): see `engine.layers.quant.checkpoint`. With
     `keep_gguf_int4`, `auto` keeps a GGUF file's Q4_0/Q4_1 linears packed as `int4` does (the CPU
-    fast path runs them as they are); its other tensors are dequantized as usual."""
+    fast path runs them as they are), and on CPU its TQ1_0/TQ2_0 linears too (the ternary C kernel);
+    its other tensors are dequantized as usual."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
@@ -95,7 +97,8 @@ def load_model(
     model = _build_model(checkpoint.config, device, dtype)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
     packed = QuantizedTensors("int4" if keep_int4 else method)
-    tensors = checkpoint.tensors(keep_int4=keep_int4)
+    keep_ternary = keep_int4 and device.type == "cpu" and cpu_kernels.available()
+    tensors = checkpoint.tensors(keep_int4=keep_int4, keep_ternary=keep_ternary)
     _load_weights(model, packed.filter(tensors), bar, packed.parameter_names)
     if bar is not None:
         bar.close()
@@ -124,7 +127,8 @@ class _Checkpoint:
     tokenizer: Tokenizer
     num_tensors: int
     tensors: Callable[..., Iterator[tuple[str, torch.Tensor]]]
-    """``tensors(keep_int4=...)``: GGUF files keep Q4 linears packed when asked; directories ignore it."""
+    """``tensors(keep_int4=..., keep_ternary=...)``: GGUF files keep Q4 (ternary) linears packed when
+    asked; directories ignore it."""
 
 
 def _open(path: str | Path | None) -> _Checkpoint:
@@ -138,7 +142,7 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep_int4=False: safetensors_files.iter_tensors(files),
+            tensors=lambda keep_int4=False, keep_ternary=False: safetensors_files.iter_tensors(files),
         )
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
@@ -151,12 +155,13 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda keep_int4=False: gguf_file.iter_tensors(
+            tensors=lambda keep_int4=False, keep_ternary=False: gguf_file.iter_tensors(
                 reader,
                 architecture,
                 config.num_attention_heads,
                 config.num_key_value_heads,
                 keep_int4=keep_int4,
+                keep_ternary=keep_ternary,
             ),
         )
     if path.exists():

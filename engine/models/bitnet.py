@@ -2,7 +2,8 @@
 
 A Llama-shaped decoder with three differences: an RMSNorm on the attention output before
 ``o_proj`` (``attn_sub_norm``), a squared-ReLU gated MLP with an RMSNorm before ``down_proj``
-(``ffn_sub_norm``), and every projection a ternary ``BitLinear`` (weights in {-1, 0, 1} times a
+(``ffn_sub_norm``; SiLU instead in a GGUF of architecture ``bitnet``, as llama.cpp computes it), and
+every projection a ternary ``BitLinear`` (weights in {-1, 0, 1} times a
 per-tensor scale, activations quantized to int8 per token).
 
 The projections are built as plain ``nn.Linear`` with Hugging Face names, like the Llama model,
@@ -48,10 +49,13 @@ class BitNetMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, inner, bias=False)
         self.down_proj = nn.Linear(inner, hidden, bias=False)
         self.ffn_sub_norm = RMSNorm(inner, config.rms_norm_eps)
+        self.silu = config.hidden_act == "silu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gated = F.relu(self.gate_proj(x)).square() * self.up_proj(x)
-        return self.down_proj(self.ffn_sub_norm(gated))
+        gate = self.gate_proj(x)
+        # squared ReLU (transformers' BitNet); SiLU for a GGUF, as llama.cpp's "bitnet" graph has it
+        activated = F.silu(gate) if self.silu else F.relu(gate).square()
+        return self.down_proj(self.ffn_sub_norm(activated * self.up_proj(x)))
 
 
 class BitNetDecoderLayer(LlamaDecoderLayer):

@@ -21,9 +21,14 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from engine.layers.quant.formats import int4_from_awq_gemm, int4_from_gguf, ternary_from_bitnet
+from engine.layers.quant.formats import (
+    int4_from_awq_gemm,
+    int4_from_gguf,
+    ternary_from_bitnet,
+    ternary_from_gguf,
+)
 from engine.layers.quant.swap import install_quantized_weights, quantize_linears
-from engine.layers.quant.weights import Int4Weight, TernaryWeight
+from engine.layers.quant.weights import Int4Weight, TernaryBlockWeight, TernaryWeight
 
 QuantChoice = Literal["auto", "none", "int4", "bitnet"]
 QUANT_CHOICES: tuple[str, ...] = ("auto", "none", "int4", "bitnet")
@@ -31,6 +36,8 @@ DEFAULT_GROUP_SIZE = 128
 _AWQ_SUFFIXES = (".qweight", ".qzeros", ".scales")
 GGUF_INT4_SUFFIXES = {".gguf_q4_0": "Q4_0", ".gguf_q4_1": "Q4_1"}
 """Raw GGUF blocks of a linear kept packed under ``--quant int4``: name suffix -> GGML type."""
+GGUF_TERNARY_SUFFIXES = {".gguf_tq1_0": "TQ1_0", ".gguf_tq2_0": "TQ2_0"}
+"""Raw GGUF ternary blocks kept packed with the Q4 ones (on CPU, for the ternary C kernel)."""
 _BITNET_SCALE = ".weight_scale"
 
 
@@ -77,7 +84,7 @@ class QuantizedTensors:
 
     def _part(self, name: str, tensor: torch.Tensor) -> tuple[str, str] | None:
         if self.method == "int4":
-            suffixes: Iterable[str] = (*_AWQ_SUFFIXES, *GGUF_INT4_SUFFIXES)
+            suffixes: Iterable[str] = (*_AWQ_SUFFIXES, *GGUF_INT4_SUFFIXES, *GGUF_TERNARY_SUFFIXES)
         elif self.method == "bitnet":
             if name.endswith(".weight") and tensor.dtype != torch.uint8:
                 return None
@@ -104,12 +111,16 @@ class QuantizedTensors:
 
     def weights(
         self, model: nn.Module, quant_config: Mapping[str, Any]
-    ) -> dict[str, Int4Weight | TernaryWeight]:
-        out: dict[str, Int4Weight | TernaryWeight] = {}
+    ) -> dict[str, Int4Weight | TernaryWeight | TernaryBlockWeight]:
+        out: dict[str, Int4Weight | TernaryWeight | TernaryBlockWeight] = {}
         for module, parts in self.tensors.items():
             linear = model.get_submodule(module)
             shape = (linear.out_features, linear.in_features)
-            if self.method == "int4":
+            if self.method == "int4" and parts.keys() & GGUF_TERNARY_SUFFIXES.keys():
+                suffix = next(s for s in parts if s in GGUF_TERNARY_SUFFIXES)
+                _check_parts(module, parts, (suffix,))
+                out[module] = ternary_from_gguf(parts[suffix], shape, GGUF_TERNARY_SUFFIXES[suffix])
+            elif self.method == "int4":
                 out[module] = _int4_weight(module, parts, shape, quant_config)
             else:
                 _check_parts(module, parts, (".weight", _BITNET_SCALE))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.layers.quant.weights import Int4Weight, TernaryWeight
+from engine.cpu import ternary
+from engine.layers.quant.weights import Int4Weight, TernaryBlockWeight, TernaryWeight
 
 # AutoAWQ's GEMM kernel packs output column ``8c + AWQ_ORDER[i]`` into nibble ``i`` of word ``c``.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
@@ -137,3 +138,21 @@ def bitnet_packed_from_ternary(ternary: TernaryWeight) -> tuple[torch.Tensor, to
     for i in range(4):
         packed |= codes[i * rows : (i + 1) * rows] << (2 * i)
     return packed, torch.tensor([1.0 / ternary.scale])
+
+
+GGUF_TERNARY_TYPES = ("TQ1_0", "TQ2_0")
+
+
+def ternary_from_gguf(
+    blocks: np.ndarray | torch.Tensor, shape: tuple[int, int], quant_type: str
+) -> TernaryBlockWeight:
+    """Raw GGUF ``TQ2_0``/``TQ1_0`` bytes of a ``[N, K]`` tensor -> :class:`TernaryBlockWeight`. TQ2_0's
+    codes are taken as they are; TQ1_0's (five a byte in base 3) are unpacked into TQ2_0's."""
+    if quant_type == "TQ2_0":
+        codes, scales = ternary.tq2_from_gguf(blocks, shape)
+    elif quant_type == "TQ1_0":
+        values, scales = ternary.tq1_values(blocks, shape)
+        codes = ternary.pack_tq2(values)
+    else:
+        raise ValueError(f"unsupported GGUF type {quant_type!r}; expected one of {GGUF_TERNARY_TYPES}")
+    return TernaryBlockWeight(codes=codes, block_scales=scales, in_features=shape[1])

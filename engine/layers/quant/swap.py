@@ -8,7 +8,7 @@ from typing import Literal
 from torch import nn
 
 from engine.layers.quant.linear import Backend, Int4Linear, TernaryLinear
-from engine.layers.quant.weights import Int4Weight, TernaryWeight
+from engine.layers.quant.weights import Int4Weight, TernaryBlockWeight, TernaryWeight
 
 QuantMethod = Literal["int4", "bitnet"]
 DEFAULT_SKIP = ("lm_head",)  # the output head stays in float: it is tied to the embedding in many models
@@ -45,12 +45,15 @@ def quantize_linears(
 
 def install_quantized_weights(
     model: nn.Module,
-    weights: Mapping[str, Int4Weight | TernaryWeight],
+    weights: Mapping[str, Int4Weight | TernaryWeight | TernaryBlockWeight],
     *,
     backend: Backend | None = None,
 ) -> None:
     """Replace the linears named in ``weights`` (module names, e.g. ``model.layers.0.mlp.up_proj``)
-    by quantized ones holding those checkpoint weights; biases and dtype come from the old module."""
+    by quantized ones holding those checkpoint weights; biases and dtype come from the old module.
+    GGUF ternary blocks go to the ternary C kernel's ``TernaryCpuLinear`` as they are (CPU only)."""
+    from engine.layers.ternary_linear import TernaryCpuLinear  # imports the CPU kernels' wrappers
+
     for name, weight in weights.items():
         old = model.get_submodule(name)
         if not isinstance(old, nn.Linear):
@@ -60,6 +63,13 @@ def install_quantized_weights(
                 f"{name}: checkpoint weight is {weight.out_features}x{weight.in_features}, "
                 f"the model expects {old.out_features}x{old.in_features}"
             )
+        if isinstance(weight, TernaryBlockWeight):
+            bias = None if old.bias is None else old.bias.detach()
+            ternary = TernaryCpuLinear(
+                weight.codes, weight.in_features, block_scales=weight.block_scales, bias=bias
+            )
+            model.set_submodule(name, ternary)
+            continue
         cls = Int4Linear if isinstance(weight, Int4Weight) else TernaryLinear
         device, dtype = old.weight.device, old.weight.dtype
         if device.type == "meta":

@@ -58,3 +58,18 @@ class TernaryWeight:
 
     def dequantize(self) -> torch.Tensor:
         return self.values.float() * self.scale
+
+
+@dataclass(frozen=True)
+class TernaryBlockWeight:
+    """Ternary weight as GGUF's TQ2_0 holds it: ``codes`` uint8 ``[N, K / 4]`` (``T + 1`` in two bits,
+    in TQ2_0's order: see ``engine/cpu/ternary.py``) and one float16 scale per block of 256,
+    ``block_scales`` ``[N, K / 256]``; ``w = T * scale``. TQ1_0 files load into it too."""
+
+    codes: torch.Tensor
+    block_scales: torch.Tensor
+    in_features: int
+
+    @property
+    def out_features(self) -> int:
+        return self.codes.shape[0]

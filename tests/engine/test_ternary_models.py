@@ -1,0 +1,208 @@
+"""Ternary models on the ternary C kernel: TQ2_0 / TQ1_0 GGUFs (llama and bitnet architectures, written here
+as llama.cpp writes them) and a transformers BitNet checkpoint load into ``TernaryCpuLinear`` without a
+float copy, hold exactly the file's weights, and give the same logits and greedy tokens as the plain-torch
+reference path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from engine.cpu import kernels, ternary
+from engine.layers.quant.linear import TernaryLinear
+from engine.layers.ternary_linear import TernaryCpuLinear
+from engine.loader import LoadedModel, load_model
+from tests.engine.test_bitnet_parity import eager_transformers, hf_bitnet_model  # noqa: F401
+from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML, llama_cpp_permute
+from tests.engine.test_quant_checkpoint import save_dir
+
+pytestmark = [
+    pytest.mark.skipif(not kernels.available(), reason="no C compiler: the CPU kernels cannot be built"),
+    pytest.mark.usefixtures("one_thread"),
+]
+Q = gguf.GGMLQuantizationType
+HIDDEN, FFN, LAYERS, HEADS, KV_HEADS = 256, 512, 2, 4, 2
+LINEARS = {  # GGUF role -> [out, in]
+    "attn_q": (HIDDEN, HIDDEN),
+    "attn_k": (HIDDEN // HEADS * KV_HEADS, HIDDEN),
+    "attn_v": (HIDDEN // HEADS * KV_HEADS, HIDDEN),
+    "attn_output": (HIDDEN, HIDDEN),
+    "ffn_gate": (FFN, HIDDEN),
+    "ffn_up": (FFN, HIDDEN),
+    "ffn_down": (HIDDEN, FFN),
+}
+
+
+def ternary_tensors(architecture: str, shared_scales: bool, seed: int = 0) -> dict[str, np.ndarray]:
+    """GGUF-named float tensors of a random model. Its linears: ternary values times one scale per tensor
+    (a BitNet model, as convert_hf_to_gguf.py writes one: every block's absmax is that scale), or plain
+    random floats (a float model, whose TQ2_0 blocks each get their own absmax, as llama-quantize does)."""
+    rng = np.random.default_rng(seed)
+    vocab = len(BYTE_TOKENS)
+    tensors = {
+        "token_embd.weight": rng.standard_normal((vocab, HIDDEN)).astype(np.float32),
+        "output_norm.weight": rng.uniform(0.5, 1.5, HIDDEN).astype(np.float32),
+        "output.weight": (rng.standard_normal((vocab, HIDDEN)) * 0.05).astype(np.float32),
+    }
+    norms = {"attn_norm": HIDDEN, "ffn_norm": HIDDEN}
+    if architecture == "bitnet":
+        norms |= {"attn_sub_norm": HIDDEN, "ffn_sub_norm": FFN}
+    for layer in range(LAYERS):
+        for role, width in norms.items():
+            tensors[f"blk.{layer}.{role}.weight"] = rng.uniform(0.5, 1.5, width).astype(np.float32)
+        for role, shape in LINEARS.items():
+            if shared_scales:
+                weight = rng.integers(-1, 2, shape).astype(np.float32) * np.float32(
+                    2.0 ** -rng.integers(3, 6)
+                )
+            else:
+                weight = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+            if architecture == "llama" and role in ("attn_q", "attn_k"):
+                weight = llama_cpp_permute(weight, HEADS if role == "attn_q" else KV_HEADS)
+            tensors[f"blk.{layer}.{role}.weight"] = weight
+    return tensors
+
+
+def write_ternary_gguf(path: Path, architecture: str, qtype: Q, shared_scales: bool) -> Path:
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_name(f"tiny ternary {architecture}")
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(256)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_vocab_size(len(BYTE_TOKENS))
+    if architecture == "bitnet":  # what convert_hf_to_gguf.py's BitnetModel adds
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(1.0)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(BYTE_TOKENS)
+    writer.add_token_types([1] * 256 + [3] * 3)
+    writer.add_token_merges([])
+    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
+    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
+    writer.add_chat_template(CHATML)
+    for name, weight in ternary_tensors(architecture, shared_scales).items():
+        role = name.split(".")[-2]
+        if role in LINEARS:
+            writer.add_tensor(name, gguf.quants.quantize(weight, qtype), raw_dtype=qtype)
+        elif role in ("token_embd", "output"):
+            writer.add_tensor(name, weight.astype(np.float16))
+        else:
+            writer.add_tensor(name, weight)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+class ReferenceTernary(nn.Module):
+    """A ``TernaryCpuLinear``'s weight run by the plain-torch reference of its kernel."""
+
+    def __init__(self, linear: TernaryCpuLinear) -> None:
+        super().__init__()
+        self.linear = linear
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        linear = self.linear
+        rows = x.reshape(-1, linear.in_features).float()
+        out = ternary.matmul_tq2_ref(rows, linear.codes, linear.row_scales, linear.block_scales)
+        return out.to(x.dtype).reshape(*x.shape[:-1], linear.out_features)
+
+
+def on_reference_path(model: nn.Module) -> nn.Module:
+    for name, module in list(model.named_modules()):
+        if isinstance(module, TernaryCpuLinear):
+            model.set_submodule(name, ReferenceTernary(module))
+    return model
+
+
+def greedy(model: nn.Module, ids: list[int], steps: int = 6) -> tuple[list[int], torch.Tensor]:
+    """Greedy tokens (the whole sequence recomputed each step) and the first step's logits."""
+    ids, first = list(ids), None
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids))))
+            first = logits if first is None else first
+            ids.append(int(logits[-1].argmax()))
+    assert first is not None
+    return ids, first
+
+
+@pytest.mark.parametrize(
+    ("architecture", "qtype", "shared_scales"),
+    [
+        ("llama", Q.TQ2_0, False),
+        ("llama", Q.TQ1_0, True),
+        ("bitnet", Q.TQ2_0, True),
+        ("bitnet", Q.TQ1_0, False),
+    ],
+)
+def test_ternary_gguf_loads_into_the_ternary_kernel(
+    tmp_path: Path, architecture: str, qtype: Q, shared_scales: bool
+) -> None:
+    path = write_ternary_gguf(tmp_path / f"tiny.{qtype.name}.gguf", architecture, qtype, shared_scales)
+    packed = load_model(path, progress=False, keep_gguf_int4=True)
+    dequantized = load_model(path, progress=False)
+
+    linears = {n: m for n, m in packed.model.named_modules() if isinstance(m, TernaryCpuLinear)}
+    assert len(linears) == 7 * LAYERS
+    assert type(packed.model).__name__ == (
+        "BitNetForCausalLM" if architecture == "bitnet" else "LlamaForCausalLM"
+    )
+    for name, linear in linears.items():
+        # the file's own codes and scales (llama's q/k rows put back in HF's order), at 2 bits a weight
+        assert torch.equal(linear.dequantized_weight(), dequantized.model.get_submodule(name).weight)
+        # a row of one block trivially shares its scale
+        assert (linear.row_scales is not None) == (shared_scales or linear.in_features == ternary.QK)
+        assert linear.bits_per_weight() <= 2 + max(16 / 256, 32 / linear.in_features)
+    assert not any(type(m) is nn.Linear and "layers" in n for n, m in packed.model.named_modules())
+
+    prompt = [3, 70, 101, 200, 12, 256, 9]
+    tokens, logits = greedy(packed.model, prompt)
+    reference_tokens, reference_logits = greedy(on_reference_path(packed.model), prompt)
+    assert torch.equal(logits, reference_logits)
+    assert tokens == reference_tokens
+
+
+@torch.no_grad()
+def test_hf_bitnet_checkpoint_on_the_ternary_kernel_keeps_its_greedy_tokens(
+    hf_tokenizer_dir: Path,
+    tmp_path: Path,
+    eager_transformers: None,  # noqa: F811
+) -> None:
+    hf_model = hf_bitnet_model()
+    config: Any = hf_model.config
+    config.architectures = ["BitNetForCausalLM"]
+    config.quantization_config = {
+        "quant_method": "bitnet",
+        "linear_class": "bitlinear",
+        "quantization_mode": "offline",
+    }
+    path = save_dir(tmp_path / "bitnet", config, dict(hf_model.state_dict()), hf_tokenizer_dir)
+    reference = load_model(path, "cpu", torch.float32, progress=False)
+    fast: LoadedModel = load_model(path, "cpu", torch.float32, progress=False)
+    for name, module in list(fast.model.named_modules()):
+        if isinstance(module, TernaryLinear):
+            fast.model.set_submodule(name, TernaryCpuLinear.from_linear(module))
+    assert sum(isinstance(m, TernaryCpuLinear) for m in fast.model.modules()) == 7 * 2
+
+    prompt = [1, 20, 30, 42, 7, 9, 12]
+    tokens, logits = greedy(fast.model, prompt, steps=8)
+    reference_tokens, reference_logits = greedy(reference.model, prompt, steps=8)
+    assert torch.equal(logits, reference_logits)  # the torch path's arithmetic, bit for bit
+    assert tokens == reference_tokens
+    # and what transformers' BitNet computes, to float rounding
+    torch.testing.assert_close(logits, hf_model(torch.tensor(prompt)[None]).logits[0], rtol=1e-4, atol=1e-5)
