@@ -115,15 +115,23 @@ class EngineConfig:
     def cpu_bf16_kernels(self) -> bool:
         """Whether the CPU fast path computes in bf16 on torch's kernels rather than in float32 on the C
         kernels: only with native bf16 (emulated, bf16 is slower than float32), and only where asked
-        (``torch``) or where the C kernels cannot serve (not a GGUF, no C compiler). On an AMX Xeon the
-        C kernels served the default GGUF 2.3-2.4x faster than torch's bf16 kernels at one stream and
-        1.3-1.5x at 16 (docs/engine.md, "On an Intel Xeon with AMX")."""
+        (``torch``) or where the C kernels cannot serve (not a GGUF or a BitNet checkpoint, no C
+        compiler). On an AMX Xeon the C kernels served the default GGUF 2.3-2.4x faster than torch's
+        bf16 kernels at one stream and 1.3-1.5x at 16 (docs/engine.md, "On an Intel Xeon with AMX")."""
         if self.cpu_kernels == "c" or not cpu_has_native_bf16():
             return False
         if self.cpu_kernels == "torch":
             return True
         gguf = self.model is None or Path(self.model).suffix == ".gguf"
-        return not (gguf and cpu_kernels.available())
+        return not ((gguf or self._bitnet_checkpoint()) and cpu_kernels.available())
+
+    def _bitnet_checkpoint(self) -> bool:
+        """A BitNet checkpoint directory: its ternary weights run on the C kernels' ternary kernel
+        (two bits a weight) rather than torch's int8 ``_int_mm`` in bf16."""
+        from engine.layers.quant.checkpoint import checkpoint_quant  # reads config.json only
+
+        path = Path(self.model) if self.model is not None else None
+        return path is not None and path.is_dir() and checkpoint_quant(path)[0] == "bitnet"
 
     def resolved_num_threads(self, *, steps_in_c: bool = False) -> int:
         if self.num_threads:

@@ -10,6 +10,7 @@ from torch import nn
 
 from engine.layers.quant.linear import Int4Linear
 from engine.layers.quant.weights import Int4Weight
+from engine.layers.ternary_linear import TernaryCpuLinear
 
 
 def stack_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
@@ -43,4 +44,6 @@ def stack_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
         device = stacked_weight.codes.device
         dtype = torch.float32 if bias is None else bias.dtype
         return Int4Linear(stacked_weight, bias, device=device, dtype=dtype, backend=first.backend)
+    if type(first) is TernaryCpuLinear:
+        return TernaryCpuLinear.stacked(parts)  # type: ignore[arg-type]
     return None

@@ -123,3 +123,17 @@ class TernaryCpuLinear(nn.Module):
         scales = "row" if self.row_scales is not None else "block"
         shape = f"in_features={self.in_features}, out_features={self.out_features}"
         return f"{shape}, format={self.format}, scales={scales}"
+
+
+class FromTernaryLinear:
+    """The linear factory's row for a ``TernaryLinear`` (engine/loader/linear_factory.py): a module
+    class's interface, ``supports(module)`` and ``(module) -> TernaryCpuLinear``."""
+
+    supports = staticmethod(TernaryCpuLinear.supports)
+
+    def __call__(self, module: nn.Module) -> TernaryCpuLinear:
+        assert isinstance(module, TernaryLinear)
+        return TernaryCpuLinear.from_linear(module)
+
+
+FROM_TERNARY_LINEAR = FromTernaryLinear()

@@ -13,7 +13,10 @@ Weight formats (:class:`WeightFormat`, found by the module's exact type in ``MOD
   default model's Q8_0 tied embedding / lm_head);
 - ``INT4``: ``Int4Linear``, group-wise ``code * scale + min``: GGML Q4_0 and Q4_1 blocks kept as they
   are (``keep_gguf_int4``), AutoAWQ GEMM checkpoints, RTN-quantized float checkpoints;
-- ``TERNARY``: ``TernaryLinear`` (BitNet b1.58); no CPU kernel set has a row for it.
+- ``TERNARY``: ``TernaryLinear`` (BitNet b1.58, a float checkpoint ternarized with ``--quant bitnet``):
+  ``C_F32`` runs it on the ternary C kernel (``TernaryCpuLinear``, two bits a weight). A TQ1_0/TQ2_0
+  GGUF's linears and a packed BitNet checkpoint's load straight into ``TernaryCpuLinear`` on the fast
+  path (``keep_gguf_int4``), which needs no row.
 
 Kernel sets (:class:`CpuKernels`): ``MKL_F32`` (the exact float32 path, weights also MKL-packed),
 ``ONEDNN_BF16`` (bf16 on a CPU with native bf16), ``TORCH_INT4_F32`` (torch's int4/int8 kernels in a
@@ -58,6 +61,7 @@ from engine.layers.packed_linear import (
     activation_dtype,
 )
 from engine.layers.quant.linear import Int4Linear, TernaryLinear
+from engine.layers.ternary_linear import FROM_TERNARY_LINEAR
 
 
 class WeightFormat(enum.StrEnum):
@@ -109,6 +113,7 @@ LINEAR_KERNELS: dict[CpuKernels, dict[WeightFormat, tuple[CpuLinear, ...]]] = {
     CpuKernels.C_F32: {
         WeightFormat.FLOAT: (Q8CpuLinear, Int8PackedCpuLinear),  # type: ignore[dict-item]
         WeightFormat.INT4: (Q4CpuLinear, Int4PackedCpuLinear),  # type: ignore[dict-item]
+        WeightFormat.TERNARY: (FROM_TERNARY_LINEAR,),
     },
 }
 """kernel set -> weight format -> candidate classes, the first that ``supports`` the module wins."""

@@ -85,8 +85,9 @@ def load_model(
 
     `quant` (auto | none | int4 | bitnet): see `engine.layers.quant.checkpoint`. With
     `keep_gguf_int4`, `auto` keeps a GGUF file's Q4_0/Q4_1 linears packed as `int4` does (the CPU
-    fast path runs them as they are), and on CPU its TQ1_0/TQ2_0 linears too (the ternary C kernel);
-    its other tensors are dequantized as usual."""
+    fast path runs them as they are), its other tensors are dequantized as usual; and on CPU, where
+    the C kernels build, ternary linears (a GGUF's TQ1_0/TQ2_0 ones, a packed BitNet checkpoint's) load
+    straight into the ternary C kernel's ``TernaryCpuLinear``."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
@@ -97,14 +98,16 @@ def load_model(
     model = _build_model(checkpoint.config, device, dtype)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
     packed = QuantizedTensors("int4" if keep_int4 else method)
-    keep_ternary = keep_int4 and device.type == "cpu" and cpu_kernels.available()
-    tensors = checkpoint.tensors(keep_int4=keep_int4, keep_ternary=keep_ternary)
+    # The fast path's ternary weights (a TQ1_0/TQ2_0 GGUF's, a BitNet checkpoint's) go to the ternary C
+    # kernel as they are loaded: two bits a weight, no float or int8 copy of the model.
+    ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
+    tensors = checkpoint.tensors(keep_int4=keep_int4, keep_ternary=keep_int4 and ternary_kernel)
     _load_weights(model, packed.filter(tensors), bar, packed.parameter_names)
     if bar is not None:
         bar.close()
     if keep_int4 and packed.tensors:
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
-    apply_quantization(model, method, packed, quant_config)
+    apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     return LoadedModel(
         model=model.eval(),
         tokenizer=checkpoint.tokenizer,

@@ -14,11 +14,14 @@ import pytest
 import torch
 from torch import nn
 
+from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
 from engine.cpu import kernels, ternary
 from engine.layers.quant.linear import TernaryLinear
 from engine.layers.ternary_linear import TernaryCpuLinear
-from engine.loader import LoadedModel, load_model
+from engine.loader import load_model
 from tests.engine.test_bitnet_parity import eager_transformers, hf_bitnet_model  # noqa: F401
+from tests.engine.test_engine import request, run, tokens_of
 from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML, llama_cpp_permute
 from tests.engine.test_quant_checkpoint import save_dir
 
@@ -177,12 +180,13 @@ def test_ternary_gguf_loads_into_the_ternary_kernel(
     assert tokens == reference_tokens
 
 
-@torch.no_grad()
-def test_hf_bitnet_checkpoint_on_the_ternary_kernel_keeps_its_greedy_tokens(
+@pytest.fixture
+def bitnet_dir(
     hf_tokenizer_dir: Path,
     tmp_path: Path,
     eager_transformers: None,  # noqa: F811
-) -> None:
+) -> tuple[Path, Any]:
+    """A packed transformers BitNet checkpoint of a small random model, and that model."""
     hf_model = hf_bitnet_model()
     config: Any = hf_model.config
     config.architectures = ["BitNetForCausalLM"]
@@ -191,12 +195,17 @@ def test_hf_bitnet_checkpoint_on_the_ternary_kernel_keeps_its_greedy_tokens(
         "linear_class": "bitlinear",
         "quantization_mode": "offline",
     }
-    path = save_dir(tmp_path / "bitnet", config, dict(hf_model.state_dict()), hf_tokenizer_dir)
+    return save_dir(tmp_path / "bitnet", config, dict(hf_model.state_dict()), hf_tokenizer_dir), hf_model
+
+
+@torch.no_grad()
+def test_hf_bitnet_checkpoint_on_the_ternary_kernel_keeps_its_greedy_tokens(
+    bitnet_dir: tuple[Path, Any],
+) -> None:
+    path, hf_model = bitnet_dir
     reference = load_model(path, "cpu", torch.float32, progress=False)
-    fast: LoadedModel = load_model(path, "cpu", torch.float32, progress=False)
-    for name, module in list(fast.model.named_modules()):
-        if isinstance(module, TernaryLinear):
-            fast.model.set_submodule(name, TernaryCpuLinear.from_linear(module))
+    fast = load_model(path, "cpu", torch.float32, progress=False, keep_gguf_int4=True)  # the fast path's load
+    assert sum(isinstance(m, TernaryLinear) for m in reference.model.modules()) == 7 * 2
     assert sum(isinstance(m, TernaryCpuLinear) for m in fast.model.modules()) == 7 * 2
 
     prompt = [1, 20, 30, 42, 7, 9, 12]
@@ -206,3 +215,31 @@ def test_hf_bitnet_checkpoint_on_the_ternary_kernel_keeps_its_greedy_tokens(
     assert tokens == reference_tokens
     # and what transformers' BitNet computes, to float rounding
     torch.testing.assert_close(logits, hf_model(torch.tensor(prompt)[None]).logits[0], rtol=1e-4, atol=1e-5)
+    # a TernaryLinear (say a float checkpoint ternarized with --quant bitnet) converts to the same
+    for name, module in list(reference.model.named_modules()):
+        if isinstance(module, TernaryLinear):
+            reference.model.set_submodule(name, TernaryCpuLinear.from_linear(module))
+    assert torch.equal(greedy(reference.model, prompt, steps=1)[1], logits)
+
+
+def test_the_engine_serves_a_bitnet_checkpoint_on_the_ternary_kernel_by_default(
+    bitnet_dir: tuple[Path, Any],
+) -> None:
+    """``tern engine --model <bitnet dir>`` with its defaults: every ternary linear on the C kernel
+    (q/k/v stacked), and the greedy tokens of the exact path (``--dtype float32``: TernaryLinear)."""
+    path = str(bitnet_dir[0])
+    settings: dict[str, Any] = dict(model=path, device="cpu", num_kv_blocks=32, block_size=4, num_threads=1)
+    fast = LLMEngine.from_config(EngineConfig(**settings))
+    attention = fast.runner.model.model.layers[0].self_attn
+    assert isinstance(attention.qkv_proj, TernaryCpuLinear) and isinstance(attention.o_proj, TernaryCpuLinear)
+    exact = LLMEngine.from_config(EngineConfig(**settings, dtype="float32"))
+    assert isinstance(exact.runner.model.model.layers[0].self_attn.q_proj, TernaryLinear)
+    prompts = [[1, 20, 30, 42, 7, 9, 12], [5, 6, 7]]
+    outputs = [
+        {
+            i: tokens_of(run(engine, request(str(i), p, max_tokens=8, ignore_eos=True))[str(i)])
+            for i, p in enumerate(prompts)
+        }
+        for engine in (fast, exact)
+    ]
+    assert outputs[0] == outputs[1]

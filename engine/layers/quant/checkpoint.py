@@ -111,21 +111,21 @@ class QuantizedTensors:
 
     def weights(
         self, model: nn.Module, quant_config: Mapping[str, Any]
-    ) -> dict[str, Int4Weight | TernaryWeight | TernaryBlockWeight]:
-        out: dict[str, Int4Weight | TernaryWeight | TernaryBlockWeight] = {}
+    ) -> Iterator[tuple[str, Int4Weight | TernaryWeight | TernaryBlockWeight]]:
+        """(module, weight) one at a time: a ternary weight unpacked to one int8 a value exists for one
+        module at a time, not for the whole model."""
         for module, parts in self.tensors.items():
             linear = model.get_submodule(module)
             shape = (linear.out_features, linear.in_features)
             if self.method == "int4" and parts.keys() & GGUF_TERNARY_SUFFIXES.keys():
                 suffix = next(s for s in parts if s in GGUF_TERNARY_SUFFIXES)
                 _check_parts(module, parts, (suffix,))
-                out[module] = ternary_from_gguf(parts[suffix], shape, GGUF_TERNARY_SUFFIXES[suffix])
+                yield module, ternary_from_gguf(parts[suffix], shape, GGUF_TERNARY_SUFFIXES[suffix])
             elif self.method == "int4":
-                out[module] = _int4_weight(module, parts, shape, quant_config)
+                yield module, _int4_weight(module, parts, shape, quant_config)
             else:
                 _check_parts(module, parts, (".weight", _BITNET_SCALE))
-                out[module] = ternary_from_bitnet(parts[".weight"], parts[_BITNET_SCALE], shape[0])
-        return out
+                yield module, ternary_from_bitnet(parts[".weight"], parts[_BITNET_SCALE], shape[0])
 
 
 def _int4_weight(
@@ -151,11 +151,14 @@ def apply_quantization(
     packed: QuantizedTensors,
     quant_config: Mapping[str, Any],
     group_size: int = DEFAULT_GROUP_SIZE,
+    *,
+    ternary_kernel: bool = False,
 ) -> None:
-    """Swap in quantized linears: the checkpoint's packed weights, else quantize the float ones."""
+    """Swap in quantized linears: the checkpoint's packed weights, else quantize the float ones. With
+    ``ternary_kernel``, a BitNet checkpoint's go to the ternary C kernel (``install_quantized_weights``)."""
     if method == "none":
         return
     if packed.tensors:
-        install_quantized_weights(model, packed.weights(model, quant_config))
+        install_quantized_weights(model, packed.weights(model, quant_config), ternary_kernel=ternary_kernel)
     else:
         quantize_linears(model, "int4" if method == "int4" else "bitnet", group_size=group_size)

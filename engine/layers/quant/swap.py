@@ -10,6 +10,8 @@ from torch import nn
 from engine.layers.quant.linear import Backend, Int4Linear, TernaryLinear
 from engine.layers.quant.weights import Int4Weight, TernaryBlockWeight, TernaryWeight
 
+QuantizedWeight = Int4Weight | TernaryWeight | TernaryBlockWeight
+
 QuantMethod = Literal["int4", "bitnet"]
 DEFAULT_SKIP = ("lm_head",)  # the output head stays in float: it is tied to the embedding in many models
 
@@ -45,16 +47,18 @@ def quantize_linears(
 
 def install_quantized_weights(
     model: nn.Module,
-    weights: Mapping[str, Int4Weight | TernaryWeight | TernaryBlockWeight],
+    weights: Mapping[str, QuantizedWeight] | Iterable[tuple[str, QuantizedWeight]],
     *,
     backend: Backend | None = None,
+    ternary_kernel: bool = False,
 ) -> None:
     """Replace the linears named in ``weights`` (module names, e.g. ``model.layers.0.mlp.up_proj``)
     by quantized ones holding those checkpoint weights; biases and dtype come from the old module.
-    GGUF ternary blocks go to the ternary C kernel's ``TernaryCpuLinear`` as they are (CPU only)."""
+    GGUF ternary blocks go to the ternary C kernel's ``TernaryCpuLinear`` as they are (CPU only), and
+    so do BitNet ternary weights with ``ternary_kernel`` (instead of ``TernaryLinear``)."""
     from engine.layers.ternary_linear import TernaryCpuLinear  # imports the CPU kernels' wrappers
 
-    for name, weight in weights.items():
+    for name, weight in weights.items() if isinstance(weights, Mapping) else weights:
         old = model.get_submodule(name)
         if not isinstance(old, nn.Linear):
             raise TypeError(f"{name} is a {type(old).__name__}, not an nn.Linear")
@@ -63,12 +67,15 @@ def install_quantized_weights(
                 f"{name}: checkpoint weight is {weight.out_features}x{weight.in_features}, "
                 f"the model expects {old.out_features}x{old.in_features}"
             )
+        bias = None if old.bias is None else old.bias.detach()
         if isinstance(weight, TernaryBlockWeight):
-            bias = None if old.bias is None else old.bias.detach()
-            ternary = TernaryCpuLinear(
-                weight.codes, weight.in_features, block_scales=weight.block_scales, bias=bias
+            codes, scales = weight.codes, weight.block_scales
+            model.set_submodule(
+                name, TernaryCpuLinear(codes, weight.in_features, block_scales=scales, bias=bias)
             )
-            model.set_submodule(name, ternary)
+            continue
+        if isinstance(weight, TernaryWeight) and ternary_kernel:
+            model.set_submodule(name, TernaryCpuLinear.from_ternary(weight, bias))
             continue
         cls = Int4Linear if isinstance(weight, Int4Weight) else TernaryLinear
         device, dtype = old.weight.device, old.weight.dtype
