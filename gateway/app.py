@@ -15,6 +15,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.audit.router import router as audit_router
+from gateway.budgets.router import router as budgets_router
 from gateway.config import Settings
 from gateway.console.router import include_console
 from gateway.engines.router import router as engines_router
@@ -101,6 +102,7 @@ def create_app(settings: Settings | None = None) -> GatewayApp:
     app.include_router(audit_router)
     app.include_router(engines_router)
     app.include_router(limits_router)
+    app.include_router(budgets_router)
     app.include_router(reports_admin_router)  # /admin/prices, /admin/reports
     app.include_router(usage_public_router)  # /v1/usage
     include_console(app)  # /ui/ (and / redirecting there)

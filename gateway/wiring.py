@@ -102,15 +102,17 @@ def _request_limiter(
     limits_settings: LimitsSettings,
     instance_id: str,
 ) -> RequestLimiter:
-    async def load_month_usage(scope: Scope, month: date) -> tuple[int, Decimal]:
+    async def load_usage(scope: Scope, start: date, end: date | None) -> tuple[int, Decimal]:
         column = "key_id" if scope.kind.startswith("key") else "tenant_id"
-        return await reports_service.month_usage(db_engine, column=column, owner_id=scope.id, month=month)
+        return await reports_service.period_usage(
+            db_engine, column=column, owner_id=scope.id, start=start, end=end
+        )
 
     return RequestLimiter(
         limiter=RateLimiter(
             redis=limits_redis,
             settings=limits_settings,
-            load_month_usage=load_month_usage,
+            load_usage=load_usage,
             instance_id=instance_id,
         ),
         policies=LimitPolicies(sessionmaker=sessionmaker, settings=limits_settings),

@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 from gateway.auth.identity import AuthenticatedKey
+from gateway.budgets.rules import to_nano
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.proxy.outcome import Admitted, RelayOutcome
-from gateway.reports.pricing import PriceBook
+from gateway.reports.pricing import Price, PriceBook
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
 BYTES_PER_TOKEN = 4
@@ -66,15 +67,38 @@ class RequestLimiter:
         its tenant's ``max_tokens`` setting, else ``TERN_LIMITS_DEFAULT_MAX_TOKENS``)."""
         limits = await self.policies.for_request(key=key, model=request.model)
         cap = limits.max_tokens or self.limiter.settings.default_max_tokens
+        prompt_tokens = estimate_prompt_tokens(request)
         reserve = reserve_tokens(
-            prompt_tokens=estimate_prompt_tokens(request),
+            prompt_tokens=prompt_tokens,
             max_tokens=requested_max_tokens(request),
             n=request.n,
             default_max_tokens=cap,
         )
-        admission = await self.limiter.admit(limits=limits, reserve=reserve)
+        reserve_nano = 0
+        if limits.has_spend_budget:
+            reserve_nano = await self._worst_cost(request.model, prompt_tokens, reserve - prompt_tokens)
+        admission = await self.limiter.admit(limits=limits, reserve=reserve, reserve_nano=reserve_nano)
         self._inflight[(request_id, str(key.key_id))].append(admission)
         return Admitted(headers=admission.headers(), max_tokens=cap)
+
+    async def _prices(self) -> PriceBook:
+        try:
+            await self.prices.refresh()
+        except Exception:  # Postgres down: the last prices loaded still apply
+            pass
+        return self.prices
+
+    async def _worst_cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
+        """The most the request can cost (nano-units): every prompt token at the dearer of the prompt
+        and cached prices, every completion token it may produce at the completion price."""
+        price = (await self._prices()).price(model, self.limiter.clock().date())
+        if price is None:
+            return 0
+        prompt_price = max(price.prompt, price.cached_prompt)
+        cost = Price(price.effective_from, prompt_price, prompt_price, price.completion).cost(
+            prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=completion_tokens
+        )
+        return to_nano(cost)
 
     def _take(self, request_id: str, key_id: str | None) -> Admission | None:
         waiting = self._inflight.get((request_id, str(key_id)))
@@ -98,12 +122,8 @@ class RequestLimiter:
             return
         tokens = outcome.prompt_tokens + outcome.completion_tokens
         spend = Decimal(0)
-        if any(s.monthly_spend is not None for s in admission.limits.scopes):
-            try:
-                await self.prices.refresh()
-            except Exception:  # Postgres down: the last prices loaded still apply
-                pass
-            spend = self.prices.cost(
+        if admission.limits.has_spend_budget:
+            spend = (await self._prices()).cost(
                 model=outcome.model,
                 day=datetime.fromtimestamp(outcome.started_at, UTC).date(),
                 prompt_tokens=outcome.prompt_tokens,

@@ -2,7 +2,7 @@
 
 Same algorithm as ``scripts/admit.lua`` (sliding logs, slots with expiry) but in memory, with every
 rate limit divided by the number of gateway replicas so the fleet as a whole stays near the limit.
-Budgets are not divided: they are checked against the last counts this process saw (or Postgres).
+Budgets are checked by the caller against the last counts this process saw (or Postgres).
 """
 
 from __future__ import annotations
@@ -11,14 +11,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from gateway.limits.denials import Denial
 from gateway.limits.schemas import Scope
-
-
-@dataclass(slots=True)
-class Denial:
-    scope: Scope
-    reason: str
-    retry_after_ms: int
 
 
 @dataclass(slots=True)
@@ -57,16 +51,10 @@ class LocalLimiter:
         admission_id: str,
         scopes: tuple[Scope, ...],
         reserve: int,
-        budget_used: dict[str, tuple[int, int]],
     ) -> Denial | None:
-        """Admit against every scope or none; ``budget_used`` maps scope name to (tokens, spend nano)."""
+        """Admit against every scope's rate limits or none (the caller checks budgets)."""
         now = time.monotonic()
         for scope in scopes:
-            tokens_used, spend_used = budget_used.get(scope.name, (0, 0))
-            if scope.monthly_tokens is not None and tokens_used >= scope.monthly_tokens:
-                return Denial(scope, "token_budget", 0)
-            if scope.monthly_spend is not None and spend_used >= scope.script_args()[4]:
-                return Denial(scope, "spend_budget", 0)
             w = self._windows.setdefault(scope.name, _Window())
             self._prune(w, now)
             rpm = local_share(scope.rpm, self.replicas)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, field
+from decimal import Decimal
 from functools import partial
 from typing import Any
 
@@ -17,6 +18,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth.identity import AuthenticatedKey
+from gateway.budgets.models import BudgetRow
+from gateway.budgets.rules import BudgetRule
 from gateway.limits.config import FailurePolicy, LimitsSettings
 from gateway.limits.models import KeyLimits, TenantLimits
 from gateway.limits.schemas import ModelLimit, RequestLimits, Scope
@@ -29,6 +32,8 @@ log = logging.getLogger(__name__)
 class _Rows:
     tenant: TenantLimits | None
     key: KeyLimits | None
+    key_budgets: tuple[BudgetRule, ...] = ()
+    tenant_budgets: tuple[BudgetRule, ...] = ()
     built: dict[tuple[AuthenticatedKey, str], RequestLimits] = field(default_factory=dict, compare=False)
     """``for_request`` results from these rows, per key state and model (dropped with the rows)."""
 
@@ -47,6 +52,26 @@ def _model_scope(kind: str, owner: str, label: str, model: str, model_limits: di
         tpm=limits.tpm_limit,
         concurrency=limits.max_concurrency,
     )
+
+
+def _rule(row: BudgetRow) -> BudgetRule:
+    return BudgetRule.of(
+        metric=row.metric,  # type: ignore[arg-type]  # checked by the table's constraint
+        period=row.period,  # type: ignore[arg-type]
+        amount=row.amount,
+        alert_ratio=row.alert_ratio,
+        budget_id=row.id,
+    )
+
+
+def _monthly(tokens: int | None, spend: Decimal | None) -> tuple[BudgetRule, ...]:
+    """The ``monthly_*_budget`` fields, as the month budgets they always were."""
+    rules = []
+    if tokens is not None:
+        rules.append(BudgetRule.of(metric="tokens", period="month", amount=tokens))
+    if spend is not None:
+        rules.append(BudgetRule.of(metric="spend", period="month", amount=spend))
+    return tuple(rules)
 
 
 class LimitPolicies:
@@ -73,11 +98,20 @@ class LimitPolicies:
         async with self.sessionmaker() as session:
             key_row = await session.scalar(select(KeyLimits).where(KeyLimits.key_id == key.key_id))
             tenant_row = None
+            budget_rows: list[BudgetRow] = []
             if key.tenant_id is not None:
                 tenant_row = await session.scalar(
                     select(TenantLimits).where(TenantLimits.tenant_id == key.tenant_id)
                 )
-        return _Rows(tenant_row, key_row)
+                mine = BudgetRow.key_id == key.key_id
+                tenants = BudgetRow.key_id.is_(None) & (BudgetRow.tenant_id == key.tenant_id)
+                budget_rows = list(await session.scalars(select(BudgetRow).where(mine | tenants)))
+        return _Rows(
+            tenant_row,
+            key_row,
+            key_budgets=tuple(_rule(b) for b in budget_rows if b.key_id is not None),
+            tenant_budgets=tuple(_rule(b) for b in budget_rows if b.key_id is None),
+        )
 
     async def for_request(self, *, key: AuthenticatedKey, model: str) -> RequestLimits:
         rows = await self._rows(key)
@@ -99,13 +133,15 @@ class LimitPolicies:
                 rpm=key.rpm_limit,
                 tpm=key.tpm_limit,
                 concurrency=key.max_concurrency,
-                monthly_tokens=key.monthly_token_budget,
-                monthly_spend=rows.key.monthly_spend_budget if rows.key else None,
+                budgets=(
+                    *_monthly(key.monthly_token_budget, rows.key.monthly_spend_budget if rows.key else None),
+                    *rows.key_budgets,
+                ),
             )
         ]
         if rows.key is not None:
             scopes.append(_model_scope("key", key_id, key_label, model, rows.key.model_limits))
-        if key.tenant_id is not None and rows.tenant is not None:
+        if key.tenant_id is not None and (rows.tenant is not None or rows.tenant_budgets):
             t = rows.tenant
             tenant_id = str(key.tenant_id)
             scopes.append(
@@ -113,14 +149,17 @@ class LimitPolicies:
                     kind="tenant",
                     id=tenant_id,
                     label="this tenant",
-                    rpm=t.rpm_limit,
-                    tpm=t.tpm_limit,
-                    concurrency=t.max_concurrency,
-                    monthly_tokens=t.monthly_token_budget,
-                    monthly_spend=t.monthly_spend_budget,
+                    rpm=t.rpm_limit if t else None,
+                    tpm=t.tpm_limit if t else None,
+                    concurrency=t.max_concurrency if t else None,
+                    budgets=(
+                        *(_monthly(t.monthly_token_budget, t.monthly_spend_budget) if t else ()),
+                        *rows.tenant_budgets,
+                    ),
                 )
             )
-            scopes.append(_model_scope("tenant", tenant_id, "this tenant", model, t.model_limits))
+            if t is not None:
+                scopes.append(_model_scope("tenant", tenant_id, "this tenant", model, t.model_limits))
         policy: FailurePolicy = self.settings.failure_policy
         if rows.key is not None and rows.key.failure_policy in ("closed", "open"):
             policy = rows.key.failure_policy  # type: ignore[assignment]

@@ -3,10 +3,12 @@
 The usage domain replays a dead process's journal (and bills the streams it cut from the engines'
 ledgers); then :class:`LimitsRecovery` (one of its recovery hooks) deletes the dead processes'
 liveness keys, so their concurrency slots are freed at the next refusal (``liveness.py``), and
-drops the monthly budget counters of every tenant and key the replay stored new rows for. The
+drops the budget counters (every period) of every tenant and key the replay stored new rows for. The
 next admission seeds them again from Postgres (``admit.lua``'s ``seed``), which now holds those
 rows: a request the dead process had counted, or had not yet counted, is in them exactly once.
-Reservations in the per-minute windows leave with the window on their own.
+Reservations in the per-minute windows leave with the window on their own; a dead process's budget
+reservations are given back at the next budget refusal of their scope (``reap_reservations.lua``), or
+expire after ``TERN_LIMITS_SLOT_TTL_S``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,11 @@ log = logging.getLogger(__name__)
 
 
 def budget_key_patterns(*, tenant_ids: set[str], key_ids: set[str]) -> list[str]:
-    """Redis patterns of every monthly counter of these tenants and keys (their per-model ones too)."""
+    """Redis patterns of every budget counter (every period) of these tenants and keys (their
+    per-model ones too)."""
     scopes = [Scope(kind="tenant", id=t, label="") for t in sorted(tenant_ids)]
     scopes += [Scope(kind="key", id=k, label="") for k in sorted(key_ids)]
-    return [scope.redis_keys("*")[3] for scope in scopes]
+    return [f"tern:budget:{scope.name}:*" for scope in scopes]
 
 
 class LimitsRecovery:

@@ -4,29 +4,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from decimal import Decimal
+from datetime import date, datetime
 from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from gateway.bounds import INT32_MAX, Int32, Int64, Name, json_int, money
+from gateway.budgets.periods import Period
+from gateway.budgets.rules import BudgetRule, counter_key, from_nano, reservation_keys
 from gateway.limits.config import FailurePolicy
 
-NANO = Decimal(10) ** 9
-"""Spend is kept in Redis as integer nano-units of the price currency: no floats near money."""
-
 ScopeKind = Literal["key", "tenant", "key_model", "tenant_model"]
-
-
-def to_nano(amount: Decimal) -> int:
-    return int((amount * NANO).to_integral_value())
 
 
 @dataclass(frozen=True, slots=True)
 class Scope:
     """One thing a request counts against (a key, a tenant, or either for one model).
 
-    ``None`` means "no limit" for every field.
+    ``None`` means "no limit" for every field; ``budgets`` holds every budget of the scope.
     """
 
     kind: ScopeKind
@@ -36,8 +31,7 @@ class Scope:
     rpm: int | None = None
     tpm: int | None = None
     concurrency: int | None = None
-    monthly_tokens: int | None = None
-    monthly_spend: Decimal | None = None
+    budgets: tuple[BudgetRule, ...] = ()
 
     @property
     def name(self) -> str:
@@ -46,23 +40,42 @@ class Scope:
 
     @property
     def has_budget(self) -> bool:
-        return self.monthly_tokens is not None or self.monthly_spend is not None
+        return bool(self.budgets)
+
+    @property
+    def has_spend_budget(self) -> bool:
+        return any(b.metric == "spend" for b in self.budgets)
 
     @property
     def is_limited(self) -> bool:
         return self.has_budget or any(v is not None for v in (self.rpm, self.tpm, self.concurrency))
 
-    def redis_keys(self, month: str) -> list[str]:
-        """Request log, token hash, concurrency slots, month budget counters (admit.lua's order)."""
+    @property
+    def periods(self) -> tuple[Period, ...]:
+        """The periods of its budgets, each once, in the order the scripts number them (from 1)."""
+        return tuple(dict.fromkeys(b.period for b in self.budgets))
+
+    def redis_keys(self, day: date) -> list[str]:
+        """Request log, token hash, concurrency slots, reservations hash and expiry set, then one
+        counter per period (the scripts' order)."""
         prefix = f"tern:rl:{self.name}"
-        return [f"{prefix}:req", f"{prefix}:tok", f"{prefix}:slots", f"tern:budget:{self.name}:{month}"]
+        return [
+            f"{prefix}:req",
+            f"{prefix}:tok",
+            f"{prefix}:slots",
+            *reservation_keys(self.name),
+            *(counter_key(self.name, p, day) for p in self.periods),
+        ]
 
     def script_args(self) -> list[int]:
         def n(value: int | None) -> int:
             return -1 if value is None else value
 
-        spend = -1 if self.monthly_spend is None else to_nano(self.monthly_spend)
-        return [n(self.rpm), n(self.tpm), n(self.concurrency), n(self.monthly_tokens), spend]
+        periods = self.periods
+        args = [n(self.rpm), n(self.tpm), n(self.concurrency), len(periods), len(self.budgets)]
+        for b in self.budgets:
+            args += [periods.index(b.period) + 1, b.code, b.limit, n(b.alert_at)]
+        return args
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,28 +84,42 @@ class RequestLimits:
 
     Built once per key, model and cache period (``LimitPolicies``) and shared by its requests, so
     the script's keys and limit arguments are worked out, and encoded for Redis, once, not per
-    request.
+    request (the keys once per UTC day: budget counters are named by their period).
     """
 
     scopes: tuple[Scope, ...]
     failure_policy: FailurePolicy
     max_tokens: int | None = None
     """The key's, else its tenant's ``max_tokens`` setting; None: the gateway's default."""
-    _keys_by_month: dict[str, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
+    _keys_by_day: dict[date, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
     _limit_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
+    _settle_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
 
-    def redis_keys(self, month: str) -> list[bytes]:
+    @property
+    def has_spend_budget(self) -> bool:
+        return any(s.has_spend_budget for s in self.scopes)
+
+    def redis_keys(self, day: date) -> list[bytes]:
         """Every scope's keys, in the scripts' order."""
-        keys = self._keys_by_month.get(month)
+        keys = self._keys_by_day.get(day)
         if keys is None:
-            if len(self._keys_by_month) > 2:  # only this month and the next matter
-                self._keys_by_month.clear()
-            keys = [k.encode() for s in self.scopes for k in s.redis_keys(month)]
-            self._keys_by_month[month] = keys
+            if len(self._keys_by_day) > 2:  # only today and tomorrow matter
+                self._keys_by_day.clear()
+            keys = [k.encode() for s in self.scopes for k in s.redis_keys(day)]
+            self._keys_by_day[day] = keys
         return keys
 
+    def settle_args(self) -> list[bytes]:
+        """The number of scopes, then every scope's periods and budgets, in settle.lua's order."""
+        if not self._settle_args:
+            args = [len(self.scopes)]
+            for s in self.scopes:
+                args += s.script_args()[3:]  # n_periods, n_budgets, then the budgets
+            self._settle_args.extend(str(a).encode() for a in args)
+        return self._settle_args
+
     def limit_args(self) -> list[bytes]:
-        """The number of scopes, then every scope's limits, in admit.lua's order."""
+        """The number of scopes, then every scope's limits, in the scripts' order."""
         if not self._limit_args:
             self._limit_args.append(str(len(self.scopes)).encode())
             self._limit_args.extend(str(a).encode() for s in self.scopes for a in s.script_args())
@@ -114,15 +141,30 @@ class Admission:
 
     admission_id: str
     limits: RequestLimits
-    month: str
+    admitted_at: datetime
     reserved_tokens: int
     backend: Literal["redis", "local", "none"]
+    reserved_nano: int = 0
+    """The worst-case cost reserved against spend budgets (nano-units)."""
     requests: WindowState | None = None
     tokens: WindowState | None = None
+    budget_tokens_left: int | None = None
+    """What the key's tightest token budget has left after this reservation (None: no budget)."""
+    budget_nano_left: int | None = None
     settled: bool = field(default=False)
 
+    @property
+    def day(self) -> date:
+        """The UTC day it was admitted on: names the budget periods it is counted in."""
+        return self.admitted_at.date()
+
     def headers(self) -> dict[str, str]:
-        return rate_limit_headers(self.requests, self.tokens)
+        headers = rate_limit_headers(self.requests, self.tokens)
+        if self.budget_tokens_left is not None:
+            headers["x-tern-budget-remaining-tokens"] = str(max(0, self.budget_tokens_left))
+        if self.budget_nano_left is not None:
+            headers["x-tern-budget-remaining-spend"] = format(from_nano(max(0, self.budget_nano_left)), "f")
+        return headers
 
 
 def format_reset(ms: int) -> str:

@@ -9,30 +9,27 @@ fail-closed answers 503, fail-open uses :class:`LocalLimiter`. Redis is retried 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib import resources
+from typing import Any
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 
+from gateway.budgets.periods import COUNTER_TTL_S, Period, period_end, period_start
+from gateway.budgets.rules import BudgetRule, counter_key, to_nano
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
+from gateway.limits.denials import Denial, raise_denial
 from gateway.limits.liveness import ALIVE_PREFIX, new_instance_id
-from gateway.limits.local import Denial, LocalLimiter
-from gateway.limits.schemas import (
-    Admission,
-    RequestLimits,
-    Scope,
-    WindowState,
-    rate_limit_headers,
-    retry_after_seconds,
-    to_nano,
-)
+from gateway.limits.local import LocalLimiter
+from gateway.limits.schemas import Admission, RequestLimits, Scope, WindowState, retry_after_seconds
 from gateway.limits.script_batch import ScriptBatcher
 from gateway.metrics import limit_refusals_by
 
@@ -40,25 +37,22 @@ log = logging.getLogger(__name__)
 
 REDIS_DOWN_ERRORS = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
 
-MonthUsageLoader = Callable[[Scope, date], Awaitable[tuple[int, Decimal]]]
-"""(scope, first day of month) -> (tokens used, spend) from Postgres: seeds the budget counters."""
+UsageLoader = Callable[[Scope, date, date | None], Awaitable[tuple[int, Decimal]]]
+"""(scope, first day, end day exclusive or None) -> (tokens used, spend) from Postgres: seeds the
+budget counters."""
+Clock = Callable[[], datetime]
+AlertHook = Callable[[Scope, BudgetRule, int, date], Coroutine[Any, Any, None]]
+"""(scope, budget, used, a day of the period): a budget just crossed its alert threshold."""
+GaugeHook = Callable[[Scope, BudgetRule, int], None]
+"""(scope, budget, used) after every settlement: the used-ratio metric."""
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 def _script(name: str) -> str:
     return resources.files("gateway.limits").joinpath("scripts", name).read_text()
-
-
-def month_of(now: datetime) -> str:
-    return f"{now.year:04d}{now.month:02d}"
-
-
-def month_start(month: str) -> date:
-    return date(int(month[:4]), int(month[4:]), 1)
-
-
-def seconds_to_next_month(now: datetime) -> int:
-    nxt = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
-    return max(1, int((nxt - now).total_seconds()))
 
 
 def reserve_tokens(*, prompt_tokens: int, max_tokens: int | None, n: int, default_max_tokens: int) -> int:
@@ -73,12 +67,19 @@ class RateLimiter:
         *,
         redis: Redis,
         settings: LimitsSettings,
-        load_month_usage: MonthUsageLoader,
+        load_usage: UsageLoader,
+        clock: Clock = utc_now,
+        on_alert: AlertHook | None = None,
+        on_used: GaugeHook | None = None,
         instance_id: str | None = None,
     ) -> None:
         self.redis = redis
         self.settings = settings
-        self.load_month_usage = load_month_usage
+        self.load_usage = load_usage
+        self.clock = clock
+        """Names the budget periods (tests move it); the windows use Redis's own clock."""
+        self.on_alert = on_alert
+        self.on_used = on_used
         self.instance_id = instance_id or new_instance_id()
         """Starts every admission id, so slots of a dead process can be told apart (liveness.py)."""
         self.local = LocalLimiter(
@@ -87,9 +88,12 @@ class RateLimiter:
         self._admit = redis.register_script(_script("admit.lua"))
         self._settle = redis.register_script(_script("settle.lua"))
         self._reap = redis.register_script(_script("reap.lua"))
+        self._reap_reservations = redis.register_script(_script("reap_reservations.lua"))
         self._scripts = ScriptBatcher(redis)
         self._redis_down_until = 0.0
-        self._budget_seen: dict[tuple[str, str], tuple[int, int]] = {}
+        self._budget_seen: dict[str, tuple[int, int]] = {}
+        """Counter key -> (tokens, nano) last seen: what the fail-open fallback checks budgets against."""
+        self._alerts: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ Redis health
 
@@ -104,22 +108,26 @@ class RateLimiter:
 
     # ------------------------------------------------------------ admission
 
-    async def admit(self, *, limits: RequestLimits, reserve: int) -> Admission:
-        """Admit the request or raise an OpenAI-shaped 429/402/503, before any engine work."""
-        now = datetime.now(UTC)
-        month = month_of(now)
+    async def admit(self, *, limits: RequestLimits, reserve: int, reserve_nano: int = 0) -> Admission:
+        """Admit the request or raise an OpenAI-shaped 429/402/503, before any engine work.
+
+        ``reserve`` tokens count against the tpm windows and every token budget, ``reserve_nano``
+        (the worst-case cost) against every spend budget, until the request settles.
+        """
+        now = self.clock()
         admission = Admission(
             admission_id=f"{self.instance_id}.{uuid.uuid4().hex}",
             limits=limits,
-            month=month,
+            admitted_at=now,
             reserved_tokens=reserve,
+            reserved_nano=reserve_nano,
             backend="none",
         )
         if not self.settings.enabled or not any(s.is_limited for s in limits.scopes):
             return admission
         if self.redis_ok:
             try:
-                await self._admit_redis(admission, now)
+                await self._admit_redis(admission)
                 admission.backend = "redis"
                 return admission
             except REDIS_DOWN_ERRORS as exc:
@@ -133,168 +141,174 @@ class RateLimiter:
                 code="rate_limiter_unavailable",
                 headers={"retry-after": retry_after_seconds(int(self.settings.redis_retry_s * 1000))},
             )
-        await self._admit_local(admission, now)
+        await self._admit_local(admission)
         admission.backend = "local"
         return admission
 
-    async def _admit_redis(self, admission: Admission, now: datetime) -> None:
+    async def _admit_redis(self, admission: Admission) -> None:
         scopes = admission.limits.scopes
-        keys = admission.limits.redis_keys(admission.month)
+        keys = admission.limits.redis_keys(admission.day)
         args: list[int | str | bytes] = [
             admission.admission_id,
             admission.reserved_tokens,
             int(self.settings.window_s * 1000),
             int(self.settings.slot_ttl_s * 1000),
+            admission.reserved_tokens,
+            admission.reserved_nano,
             *admission.limits.limit_args(),  # the number of scopes, then their limits
         ]
         reaped: set[int] = set()
-        for _ in range(2 * len(scopes) + 1):
+        for _ in range(sum(len(s.periods) for s in scopes) + len(scopes) + 1):
             reply = await self._scripts.call(self._admit, keys=keys, args=args)
             fields: list[bytes] = reply.split()  # type: ignore[attr-defined]  # admit.lua's reply
             outcome = fields[0]
             if outcome == b"seed":
-                await self._seed_budget(scopes[int(fields[1]) - 1], admission.month)
+                scope = scopes[int(fields[1]) - 1]
+                await self._seed_counter(scope, scope.periods[int(fields[2]) - 1], admission.day)
                 continue
             if outcome == b"deny":
                 index = int(fields[1]) - 1
-                reason = fields[2].decode()
-                if reason == "concurrency" and index not in reaped:
+                scope = scopes[index]
+                if fields[2] in (b"concurrency", b"token_budget", b"spend_budget") and index not in reaped:
                     reaped.add(index)
-                    if await self._reap_dead_slots(admission, index):
-                        continue  # slots of a dead gateway were holding the key: try again
-                self._raise_denial(Denial(scopes[index], reason, int(fields[3])), admission, now)
+                    if await self._reap_dead(admission, index, fields[2] == b"concurrency"):
+                        continue  # slots or reservations of a dead gateway were holding it: try again
+                budget = scope.budgets[int(fields[4]) - 1] if fields[2].endswith(b"_budget") else None
+                denial = Denial(scope, fields[2].decode(), int(fields[3]), budget)
+                raise_denial(denial, admission, self.settings.budget_status)
             self._read_ok(fields, admission)
             return
         raise RuntimeError("budget counters could not be seeded")  # pragma: no cover
 
-    async def _reap_dead_slots(self, admission: Admission, index: int) -> int:
-        """Free the scope's concurrency slots whose gateway process died; how many were freed."""
-        slots_key = admission.limits.scopes[index].redis_keys(admission.month)[2]
-        freed = int(await self._reap(keys=[slots_key], args=[ALIVE_PREFIX, self.instance_id]))
+    async def _reap_dead(self, admission: Admission, index: int, slots: bool) -> int:
+        """Free the scope's concurrency slots (``slots``), else its budget reservations, whose gateway
+        process died; how many were freed."""
+        keys = admission.limits.scopes[index].redis_keys(admission.day)
+        args = [ALIVE_PREFIX, self.instance_id]
+        if slots:
+            freed = int(await self._reap(keys=[keys[2]], args=args))
+        else:
+            freed = int(await self._reap_reservations(keys=keys[3:5], args=args))
         if freed:
-            log.warning("freed %d concurrency slots of dead gateways on %s", freed, slots_key)
+            what = "concurrency slots" if slots else "budget reservations"
+            log.warning("freed %d %s of dead gateways on %s", freed, what, keys[0])
         return freed
 
     def _read_ok(self, fields: list[bytes], admission: Admission) -> None:
-        for i, scope in enumerate(admission.limits.scopes):
-            rpm, req_left, req_reset, tpm, tok_left, tok_reset, tok_used, spend_used = (
-                int(v) for v in fields[2 + 8 * i : 10 + 8 * i]
-            )
+        at = 2
+        for scope in admission.limits.scopes:
+            rpm, req_left, req_reset, tpm, tok_left, tok_reset = (int(v) for v in fields[at : at + 6])
+            at += 6
             if rpm >= 0 and (admission.requests is None or req_left < admission.requests.remaining):
                 admission.requests = WindowState(rpm, req_left, req_reset)
             if tpm >= 0 and (admission.tokens is None or tok_left < admission.tokens.remaining):
                 admission.tokens = WindowState(tpm, tok_left, tok_reset)
-            if scope.has_budget:
-                self._budget_seen[(scope.name, admission.month)] = (tok_used, spend_used)
+            for budget in scope.budgets:
+                left = int(fields[at])
+                at += 1
+                if scope.kind != "key":
+                    continue
+                if budget.metric == "tokens":
+                    if admission.budget_tokens_left is None or left < admission.budget_tokens_left:
+                        admission.budget_tokens_left = left
+                elif admission.budget_nano_left is None or left < admission.budget_nano_left:
+                    admission.budget_nano_left = left
 
-    async def _seed_budget(self, scope: Scope, month: str) -> None:
-        """Start this month's counters from Postgres (Redis lost them, or the month just began)."""
-        tokens, spend = await self.load_month_usage(scope, month_start(month))
-        key = scope.redis_keys(month)[3]
-        ttl_s = 40 * 86400
+    async def _seed_counter(self, scope: Scope, period: Period, day: date) -> None:
+        """Start a period's counter from Postgres (Redis lost it, or the period just began)."""
+        tokens, spend = await self.load_usage(scope, period_start(period, day), period_end(period, day))
+        key = counter_key(scope.name, period, day)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hsetnx(key, "tok", tokens)
             pipe.hsetnx(key, "spend", to_nano(spend))
-            pipe.expire(key, ttl_s)
+            ttl_s = COUNTER_TTL_S[period]
+            if ttl_s is not None:
+                pipe.expire(key, ttl_s)
             await pipe.execute()
 
-    async def _admit_local(self, admission: Admission, now: datetime) -> None:
-        used: dict[str, tuple[int, int]] = {}
+    async def _admit_local(self, admission: Admission) -> None:
+        """Fail-open: rate limits from the local share, budgets against the last counts seen."""
         for scope in admission.limits.scopes:
-            if not scope.has_budget:
-                continue
-            seen_key = (scope.name, admission.month)
-            if seen_key not in self._budget_seen:
-                try:
-                    tokens, spend = await self.load_month_usage(scope, month_start(admission.month))
-                    self._budget_seen[seen_key] = (tokens, to_nano(spend))
-                except Exception as exc:  # Postgres may be down too; rate limits still hold
-                    log.warning("cannot load month usage for %s: %s", scope.name, exc)
-            used[scope.name] = self._budget_seen.get(seen_key, (0, 0))
+            for budget in scope.budgets:
+                key = counter_key(scope.name, budget.period, admission.day)
+                if key not in self._budget_seen:
+                    try:
+                        start = period_start(budget.period, admission.day)
+                        tokens, spend = await self.load_usage(scope, start, period_end(budget.period, start))
+                        self._budget_seen[key] = (tokens, to_nano(spend))
+                    except Exception as exc:  # Postgres may be down too; rate limits still hold
+                        log.warning("cannot load budget usage for %s: %s", scope.name, exc)
+                tokens, nano = self._budget_seen.get(key, (0, 0))
+                if budget.metric == "tokens":
+                    used, need = tokens, admission.reserved_tokens
+                else:
+                    used, need = nano, admission.reserved_nano
+                if used + need > budget.limit:
+                    reason = "token_budget" if budget.metric == "tokens" else "spend_budget"
+                    raise_denial(Denial(scope, reason, 0, budget), admission, self.settings.budget_status)
         denial = self.local.admit(
             admission_id=admission.admission_id,
             scopes=admission.limits.scopes,
             reserve=admission.reserved_tokens,
-            budget_used=used,
         )
         if denial is not None:
-            self._raise_denial(denial, admission, now)
-
-    def _raise_denial(self, denial: Denial, admission: Admission, now: datetime) -> None:
-        limit_refusals_by(denial.reason).inc()
-        scope, reserve = denial.scope, admission.reserved_tokens
-        retry = retry_after_seconds(denial.retry_after_ms)
-        if denial.reason in ("rpm", "tpm"):
-            exhausted = WindowState(
-                (scope.rpm if denial.reason == "rpm" else scope.tpm) or 0, 0, denial.retry_after_ms
-            )
-            if denial.reason == "rpm":
-                headers = rate_limit_headers(exhausted, None)
-                what = f"{scope.rpm} requests per minute"
-            else:
-                headers = rate_limit_headers(None, exhausted)
-                what = (
-                    f"{scope.tpm} tokens per minute; this request reserves {reserve} tokens "
-                    "(prompt plus max_tokens)"
-                )
-            message = f"Rate limit reached for {scope.label}: {what}. Try again in {retry} s."
-            raise OpenAIError(
-                429, message, code="rate_limit_exceeded", headers={"retry-after": retry, **headers}
-            )
-        if denial.reason == "tpm_too_large":
-            message = (
-                f"Request too large for {scope.label}: it reserves {reserve} tokens (prompt plus max_tokens) "
-                f"but the limit is {scope.tpm} tokens per minute. Lower max_tokens or shorten the prompt."
-            )
-            raise OpenAIError(400, message, param="max_tokens", code="tokens_exceed_rate_limit")
-        if denial.reason == "concurrency":
-            message = (
-                f"Too many concurrent requests for {scope.label}: at most {scope.concurrency} at a time. "
-                "Try again when one finishes."
-            )
-            raise OpenAIError(429, message, code="concurrency_limit_exceeded", headers={"retry-after": retry})
-        reset = seconds_to_next_month(now)
-        if denial.reason == "token_budget":
-            what = f"monthly token budget of {scope.monthly_tokens} tokens"
-        else:
-            what = f"monthly spend budget of {scope.monthly_spend}"
-        message = f"The {what} for {scope.label} is used up; it resets at the start of next month (UTC)."
-        raise OpenAIError(
-            self.settings.budget_status,
-            message,
-            code="insufficient_quota",
-            type="insufficient_quota",
-            headers={"retry-after": str(reset)},
-        )
+            raise_denial(denial, admission, self.settings.budget_status)
 
     # ------------------------------------------------------------ settlement
 
     async def settle(self, admission: Admission, *, tokens: int, spend: Decimal = Decimal(0)) -> None:
-        """Replace the reservation by the real token count and free the slot (idempotent)."""
+        """Replace the reservations by the real usage and free the slot (idempotent)."""
         if admission.settled:
             return
         admission.settled = True
         scopes = admission.limits.scopes
+        spend_nano = to_nano(spend) if spend else 0
         if admission.backend == "local":
             self.local.settle(admission_id=admission.admission_id, scopes=scopes, tokens=tokens)
-            self._count_budget_locally(admission, tokens, spend)
+            self._count_budget_locally(admission, tokens, spend_nano)
             return
         if admission.backend != "redis":
             return
-        keys = admission.limits.redis_keys(admission.month)
+        keys = admission.limits.redis_keys(admission.day)
         try:
-            args = [admission.admission_id, tokens, to_nano(spend) if spend else 0, len(scopes)]
-            await self._scripts.call(self._settle, keys=keys, args=args)
-        except REDIS_DOWN_ERRORS as exc:  # the reservation and the slot expire on their own
+            args: list[int | str | bytes] = [admission.admission_id, tokens, spend_nano]
+            args += admission.limits.settle_args()
+            reply = await self._scripts.call(self._settle, keys=keys, args=args)
+        except REDIS_DOWN_ERRORS as exc:  # the reservations and the slot expire on their own
             self._mark_redis_down(exc)
-        self._count_budget_locally(admission, tokens, spend)
+            self._count_budget_locally(admission, tokens, spend_nano)
+            return
+        self._after_settle(admission, reply.split())  # type: ignore[attr-defined]  # settle.lua's reply
 
-    def _count_budget_locally(self, admission: Admission, tokens: int, spend: Decimal) -> None:
-        spend_nano = to_nano(spend) if spend else 0
+    def _after_settle(self, admission: Admission, fields: list[bytes]) -> None:
+        at = 0
         for scope in admission.limits.scopes:
-            if not scope.has_budget:
-                continue
-            seen_key = (scope.name, admission.month)
-            seen = self._budget_seen.get(seen_key)
-            if seen is not None:
-                self._budget_seen[seen_key] = (seen[0] + tokens, seen[1] + spend_nano)
+            for budget in scope.budgets:
+                used, alert = int(fields[at]), fields[at + 1] == b"1"
+                at += 2
+                if used < 0:
+                    continue
+                key = counter_key(scope.name, budget.period, admission.day)
+                seen = self._budget_seen.get(key, (0, 0))
+                self._budget_seen[key] = (used, seen[1]) if budget.metric == "tokens" else (seen[0], used)
+                if self.on_used is not None:
+                    self.on_used(scope, budget, used)
+                if alert and self.on_alert is not None:
+                    task = asyncio.get_running_loop().create_task(
+                        self.on_alert(scope, budget, used, admission.day)
+                    )
+                    self._alerts.add(task)
+                    task.add_done_callback(self._alerts.discard)
+
+    def _count_budget_locally(self, admission: Admission, tokens: int, spend_nano: int) -> None:
+        for scope in admission.limits.scopes:
+            for period in scope.periods:
+                key = counter_key(scope.name, period, admission.day)
+                seen = self._budget_seen.get(key)
+                if seen is not None:
+                    self._budget_seen[key] = (seen[0] + tokens, seen[1] + spend_nano)
+
+    async def drain_alerts(self) -> None:
+        """Wait for the alerts being sent (shutdown, tests)."""
+        while self._alerts:
+            await asyncio.gather(*self._alerts, return_exceptions=True)

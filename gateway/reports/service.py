@@ -219,17 +219,23 @@ async def monthly_bill(session: AsyncSession, *, tenant_id: uuid.UUID, month: da
 # ---------------------------------------------------------------- budgets
 
 
-async def month_usage(engine: AsyncEngine, *, column: str, owner_id: str, month: date) -> tuple[int, Decimal]:
-    """(tokens, cost) of a key (``column="key_id"``) or tenant (``"tenant_id"``) in one month."""
+async def period_usage(
+    engine: AsyncEngine, *, column: str, owner_id: str, start: date, end: date | None
+) -> tuple[int, Decimal]:
+    """(tokens, cost) of a key (``column="key_id"``) or tenant (``"tenant_id"``) on the UTC days from
+    ``start`` up to ``end`` (excluded; None: up to today and beyond)."""
     if column not in ("key_id", "tenant_id"):
         raise ValueError(column)
+    until = "" if end is None else "AND d.day < :end"
     sql = f"""
         SELECT coalesce(sum(d.prompt_tokens + d.completion_tokens), 0) AS tokens,
                sum({COST_MICRO_SQL}) AS cost_micro
         FROM usage_daily d {PRICE_LATERAL}
-        WHERE d.{column} = :owner AND d.day >= :start AND d.day < :end
+        WHERE d.{column} = :owner AND d.day >= :start {until}
     """
-    params = {"owner": uuid.UUID(owner_id), "start": month, "end": add_months(month, 1)}
+    params: dict[str, Any] = {"owner": uuid.UUID(owner_id), "start": start}
+    if end is not None:
+        params["end"] = end
     async with engine.connect() as conn:
         row = (await conn.execute(text(sql), params)).one()
     return int(row.tokens), from_micro(row.cost_micro)

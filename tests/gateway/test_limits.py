@@ -24,7 +24,7 @@ from tern_stack.services import RedisServer
 pytestmark = pytest.mark.anyio
 
 
-async def no_budget_source(scope: Scope, month: date) -> tuple[int, Decimal]:
+async def no_budget_source(scope: Scope, start: date, end: date | None) -> tuple[int, Decimal]:
     raise AssertionError("no budgets in these tests")
 
 
@@ -44,7 +44,7 @@ async def redis_client(redis_url: str) -> AsyncIterator[Redis]:
 
 
 def make_limiter(client: Redis, **settings: object) -> RateLimiter:
-    return RateLimiter(redis=client, settings=LimitsSettings(**settings), load_month_usage=no_budget_source)
+    return RateLimiter(redis=client, settings=LimitsSettings(**settings), load_usage=no_budget_source)
 
 
 async def admit_many(

@@ -22,6 +22,9 @@ pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines]
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "say hello"}], "max_tokens": 50}
 PROMPT_TOKENS = 2  # the fake engine counts words
 TOKENS_PER_REQUEST = PROMPT_TOKENS + len(REPLY)
+SMALL_CHAT = {**CHAT, "max_tokens": len(REPLY)}
+SMALL_WORST_CASE = 3 + 4 + len(REPLY)
+"""What a budget reserves for SMALL_CHAT: 9 prompt bytes at 4 a token, 4 for its message, max_tokens."""
 
 
 async def test_two_gateway_processes_admit_exactly_the_limit(
@@ -120,11 +123,14 @@ async def wait_for_usage_rows(app, n: int) -> None:  # type: ignore[no-untyped-d
 async def test_monthly_token_budget_stops_requests_and_survives_redis_loss(
     app, client: httpx.AsyncClient, create_tenant_and_key, fake_engine: FakeEngine, redis_url: str
 ) -> None:
-    _, key, _ = await create_tenant_and_key(monthly_token_budget=2 * TOKENS_PER_REQUEST)
+    # Strict: the second request is admitted only because the first settled below its worst case.
+    _, key, _ = await create_tenant_and_key(monthly_token_budget=TOKENS_PER_REQUEST + SMALL_WORST_CASE)
     for _ in range(2):
-        assert (await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 200
+        ok = await client.post("/v1/chat/completions", json=SMALL_CHAT, headers=bearer(key))
+        assert ok.status_code == 200
+    assert ok.headers["x-tern-budget-remaining-tokens"] == "0"
     served = len(fake_engine.received)
-    denied = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    denied = await client.post("/v1/chat/completions", json=SMALL_CHAT, headers=bearer(key))
     assert denied.status_code == 429
     error = denied.json()["error"]
     assert error["code"] == "insufficient_quota" and "monthly token budget" in error["message"]
@@ -134,7 +140,7 @@ async def test_monthly_token_budget_stops_requests_and_survives_redis_loss(
     # Redis loses everything (restart without persistence): the budget is re-read from Postgres.
     await wait_for_usage_rows(app, 2)
     await gateway_state(app).limits_redis.flushall()
-    again = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+    again = await client.post("/v1/chat/completions", json=SMALL_CHAT, headers=bearer(key))
     assert again.status_code == 429 and again.json()["error"]["code"] == "insufficient_quota"
 
 
@@ -145,15 +151,16 @@ async def test_monthly_spend_budget_with_402(
     price = {"model": "fake-model", "prompt_per_mtok": "1000", "completion_per_mtok": "2000"}
     assert (await client.post("/admin/prices", json=price, headers=admin_headers)).status_code == 201
     _, key, key_id = await create_tenant_and_key()
-    cost_per_request = (PROMPT_TOKENS * 1000 + len(REPLY) * 2000) / 1e6  # 0.014
+    # A request costs 0.014 (2 prompt tokens, 6 completion tokens) and reserves 0.019 (7 and 6).
     put = await client.put(
-        f"/admin/limits/keys/{key_id}", json={"monthly_spend_budget": "0.02"}, headers=admin_headers
+        f"/admin/limits/keys/{key_id}", json={"monthly_spend_budget": "0.035"}, headers=admin_headers
     )
     assert put.status_code == 200, put.text
-    assert cost_per_request < 0.02 < 2 * cost_per_request
     for _ in range(2):
-        assert (await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 200
-    denied = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        ok = await client.post("/v1/chat/completions", json=SMALL_CHAT, headers=bearer(key))
+        assert ok.status_code == 200
+    assert ok.headers["x-tern-budget-remaining-spend"] == "0.002"  # 0.035 - 0.014 - 0.019 (its own)
+    denied = await client.post("/v1/chat/completions", json=SMALL_CHAT, headers=bearer(key))
     assert denied.status_code == 402
     assert "monthly spend budget" in denied.json()["error"]["message"]
 

@@ -2,24 +2,31 @@
 --
 -- Either every scope admits the request and all of them record it, or none changes.
 -- Windows are sliding logs over the last `window_ms`, so the limit is exact, not per bucket.
+-- Budgets are strict: the request's worst case (tokens, and spend in nano-units) is reserved against
+-- every budget of every scope, and admitted only if settled usage + outstanding reservations + it
+-- fit under the limit. Reservations expire after `slot_ttl_ms` (a gateway that died never settles).
 --
--- ARGV: request_id, reserve_tokens, window_ms, slot_ttl_ms, n_scopes,
---       then per scope: rpm, tpm, concurrency, token_budget, spend_budget  (-1 = no limit)
--- KEYS per scope (4): request log (zset rid -> admit ms), tokens (hash rid -> tokens, "__total"),
---       slots (zset rid -> expiry ms), month (hash: tok, spend)
+-- ARGV: request_id, reserve_tokens, window_ms, slot_ttl_ms, budget_tokens, budget_nano, n_scopes,
+--       then per scope: rpm, tpm, concurrency, n_periods, n_budgets  (-1 = no limit),
+--       then per budget: period_index (1..n_periods), metric (0 tokens, 1 spend), limit, alert_at
+-- KEYS per scope (5 + n_periods): request log (zset rid -> admit ms), tokens (hash rid -> tokens,
+--       "__total"), slots (zset rid -> expiry ms), reservations (hash rid -> "tokens nano", "__tok",
+--       "__spend"), reservation expiry (zset rid -> expiry ms), then one counter per period (hash: tok, spend)
 --
 -- Returns one string of space-separated fields (one bulk reply is much cheaper for the client to parse
 -- than an array of numbers):
 --         "ok now_ms" then per scope: req_limit req_remaining req_reset_ms tok_limit tok_remaining
---                     tok_reset_ms budget_tokens_used budget_spend_used
---      or "deny scope_index reason retry_after_ms"
---      or "seed scope_index"  when a budget counter for this month is missing (Python seeds it).
+--                     tok_reset_ms, then per budget: what it has left after this reservation
+--      or "deny scope_index reason retry_after_ms budget_index"
+--      or "seed scope_index period_index"  when a period's counter is missing (Python seeds it).
 
 local rid = ARGV[1]
 local reserve = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local slot_ttl = tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local btok = tonumber(ARGV[5])
+local bnano = tonumber(ARGV[6])
+local n = tonumber(ARGV[7])
 
 local function reply(fields)
   for j, v in ipairs(fields) do
@@ -68,21 +75,60 @@ local function tokens_retry_ms(rkey, tkey, total, limit, need)
   end
 end
 
-local state = {}
-for i = 1, n do
-  local a = 5 + (i - 1) * 5
-  local rpm, tpm, conc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-  local tok_budget, spend_budget = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-  local k = (i - 1) * 4
-  local rkey, tkey, ckey, mkey = KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-  local s = {rpm = rpm, tpm = tpm, conc = conc, count = 0, total = 0, tok_used = 0, spend_used = 0}
+-- Give back the reservations of requests that never settled (their gateway died).
+local function expire_reservations(reskey, expkey)
+  while true do
+    local old = redis.call('ZRANGEBYSCORE', expkey, '-inf', now, 'LIMIT', 0, CHUNK)
+    if #old == 0 then return end
+    local vals = redis.call('HMGET', reskey, unpack(old))
+    local tok, nano = 0, 0
+    for _, v in ipairs(vals) do
+      if v then
+        local a, b = string.match(v, '(%d+) (%d+)')
+        tok, nano = tok + tonumber(a), nano + tonumber(b)
+      end
+    end
+    redis.call('ZREM', expkey, unpack(old))
+    redis.call('HDEL', reskey, unpack(old))
+    redis.call('HINCRBY', reskey, '__tok', -tok)
+    redis.call('HINCRBY', reskey, '__spend', -nano)
+    if #old < CHUNK then return end
+  end
+end
 
-  if tok_budget >= 0 or spend_budget >= 0 then
-    local month = redis.call('HMGET', mkey, 'tok', 'spend')
-    if not month[1] then return reply({'seed', i}) end
-    s.tok_used, s.spend_used = tonumber(month[1]), tonumber(month[2] or 0)
-    if tok_budget >= 0 and s.tok_used >= tok_budget then return reply({'deny', i, 'token_budget', 0}) end
-    if spend_budget >= 0 and s.spend_used >= spend_budget then return reply({'deny', i, 'spend_budget', 0}) end
+local state = {}
+local argi, keyi = 8, 1
+for i = 1, n do
+  local rpm, tpm, conc = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2])
+  local np, nb = tonumber(ARGV[argi + 3]), tonumber(ARGV[argi + 4])
+  argi = argi + 5
+  local rkey, tkey, ckey = KEYS[keyi], KEYS[keyi + 1], KEYS[keyi + 2]
+  local reskey, expkey = KEYS[keyi + 3], KEYS[keyi + 4]
+  local pbase = keyi + 4
+  keyi = keyi + 5 + np
+  local s = {rpm = rpm, tpm = tpm, conc = conc, nb = nb, count = 0, total = 0, left = {}}
+
+  if nb > 0 then
+    expire_reservations(reskey, expkey)
+    local held = redis.call('HMGET', reskey, '__tok', '__spend')
+    local held_tok, held_nano = tonumber(held[1] or 0), tonumber(held[2] or 0)
+    local used = {}
+    for p = 1, np do
+      local c = redis.call('HMGET', KEYS[pbase + p], 'tok', 'spend')
+      if not c[1] then return reply({'seed', i, p}) end
+      used[p] = {tonumber(c[1]), tonumber(c[2] or 0)}
+    end
+    for j = 1, nb do
+      local p, metric, limit = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2])
+      argi = argi + 4
+      local left
+      if metric == 0 then left = limit - used[p][1] - held_tok - btok
+      else left = limit - used[p][2] - held_nano - bnano end
+      if left < 0 then
+        return reply({'deny', i, metric == 0 and 'token_budget' or 'spend_budget', 0, j})
+      end
+      s.left[j] = left
+    end
   end
 
   if rpm >= 0 or tpm >= 0 then
@@ -95,20 +141,20 @@ for i = 1, n do
         local row = redis.call('ZRANGE', rkey, s.count - rpm, s.count - rpm, 'WITHSCORES')
         retry = tonumber(row[2]) + window - now
       end
-      return reply({'deny', i, 'rpm', retry})
+      return reply({'deny', i, 'rpm', retry, 0})
     end
     if tpm >= 0 and s.total + reserve > tpm then
-      if reserve > tpm then return reply({'deny', i, 'tpm_too_large', 0}) end
-      return reply({'deny', i, 'tpm', tokens_retry_ms(rkey, tkey, s.total, tpm, reserve)})
+      if reserve > tpm then return reply({'deny', i, 'tpm_too_large', 0, 0}) end
+      return reply({'deny', i, 'tpm', tokens_retry_ms(rkey, tkey, s.total, tpm, reserve), 0})
     end
   end
 
   if conc >= 0 then
     redis.call('ZREMRANGEBYSCORE', ckey, '-inf', now)
-    if redis.call('ZCARD', ckey) >= conc then return reply({'deny', i, 'concurrency', 1000}) end
+    if redis.call('ZCARD', ckey) >= conc then return reply({'deny', i, 'concurrency', 1000, 0}) end
   end
-  state[i] = {rkey = rkey, tkey = tkey, ckey = ckey}
-  for key, v in pairs(s) do state[i][key] = v end
+  s.rkey, s.tkey, s.ckey, s.reskey, s.expkey = rkey, tkey, ckey, reskey, expkey
+  state[i] = s
 end
 
 -- Every scope admits: record the request everywhere.
@@ -131,6 +177,14 @@ for i = 1, n do
     redis.call('ZADD', s.ckey, now + slot_ttl, rid)
     redis.call('PEXPIRE', s.ckey, slot_ttl + 1000)
   end
+  if s.nb > 0 then
+    redis.call('HSET', s.reskey, rid, string.format('%d %d', btok, bnano))
+    redis.call('HINCRBY', s.reskey, '__tok', btok)
+    redis.call('HINCRBY', s.reskey, '__spend', bnano)
+    redis.call('ZADD', s.expkey, now + slot_ttl, rid)
+    redis.call('PEXPIRE', s.reskey, slot_ttl + 1000)
+    redis.call('PEXPIRE', s.expkey, slot_ttl + 1000)
+  end
   local req_remaining, tok_remaining = -1, -1
   if s.rpm >= 0 then req_remaining = s.rpm - s.count - 1 end
   if s.tpm >= 0 then tok_remaining = math.max(0, s.tpm - s.total - reserve) end
@@ -140,7 +194,6 @@ for i = 1, n do
   table.insert(out, s.tpm)
   table.insert(out, tok_remaining)
   table.insert(out, tok_reset)
-  table.insert(out, s.tok_used)
-  table.insert(out, s.spend_used)
+  for j = 1, s.nb do table.insert(out, s.left[j]) end
 end
 return reply(out)

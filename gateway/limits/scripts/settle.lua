@@ -1,30 +1,64 @@
 -- Settle one admitted request: replace its token reservation with the real count, free its
--- concurrency slot and add its usage to this month's budget counters.
+-- concurrency slot and budget reservation, and add its usage to its periods' budget counters.
 --
--- ARGV: request_id, actual_tokens, spend_nano, n_scopes
--- KEYS per scope (4): request log, tokens, slots, month  (same as admit.lua)
+-- ARGV: request_id, actual_tokens, spend_nano, n_scopes,
+--       then per scope: n_periods, n_budgets, then per budget: period_index, metric, limit, alert_at
+-- KEYS per scope (5 + n_periods): same as admit.lua
 --
--- A reservation that already left the window is not touched (the window total no longer holds it).
--- Budget counters are only incremented when they exist: a missing counter is seeded from Postgres,
--- which already holds this request's usage row or will.
+-- A reservation that already left the window (or expired) is not touched. Budget counters are only
+-- incremented when they exist: a missing counter is seeded from Postgres, which already holds this
+-- request's usage row or will.
+--
+-- Returns per scope and budget: "used alert" (used -1: no counter; alert 1: this settlement took the
+-- budget past its alert threshold first in this period, so exactly one caller sends the alert).
 
 local rid = ARGV[1]
 local actual = tonumber(ARGV[2])
 local spend = tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 
+local out = {}
+local argi, keyi = 5, 1
 for i = 1, n do
-  local k = (i - 1) * 4
-  local tkey, ckey, mkey = KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+  local np, nb = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1])
+  argi = argi + 2
+  local tkey, ckey, reskey, expkey = KEYS[keyi + 1], KEYS[keyi + 2], KEYS[keyi + 3], KEYS[keyi + 4]
+  local pbase = keyi + 4
+  keyi = keyi + 5 + np
   local reserved = redis.call('HGET', tkey, rid)
   if reserved then
     redis.call('HSET', tkey, rid, actual)
     redis.call('HINCRBY', tkey, '__total', actual - tonumber(reserved))
   end
   redis.call('ZREM', ckey, rid)
-  if redis.call('EXISTS', mkey) == 1 then
-    redis.call('HINCRBY', mkey, 'tok', actual)
-    redis.call('HINCRBY', mkey, 'spend', spend)
+  if nb > 0 then
+    local held = redis.call('HGET', reskey, rid)
+    if held then
+      local a, b = string.match(held, '(%d+) (%d+)')
+      redis.call('HDEL', reskey, rid)
+      redis.call('ZREM', expkey, rid)
+      redis.call('HINCRBY', reskey, '__tok', -tonumber(a))
+      redis.call('HINCRBY', reskey, '__spend', -tonumber(b))
+    end
+    local used = {}
+    for p = 1, np do
+      local key = KEYS[pbase + p]
+      if redis.call('EXISTS', key) == 1 then
+        used[p] = {redis.call('HINCRBY', key, 'tok', actual), redis.call('HINCRBY', key, 'spend', spend)}
+      end
+    end
+    for j = 1, nb do
+      local p, metric, alert_at = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 3])
+      argi = argi + 4
+      local u, alert = -1, 0
+      if used[p] then
+        u = used[p][metric + 1]
+        if alert_at >= 0 and u >= alert_at then
+          alert = redis.call('HSETNX', KEYS[pbase + p], 'alerted:' .. metric, 1)
+        end
+      end
+      table.insert(out, string.format('%d %d', u, alert))
+    end
   end
 end
-return 1
+return table.concat(out, ' ')

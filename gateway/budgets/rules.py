@@ -1,0 +1,80 @@
+"""A budget as admission checks it: :class:`BudgetRule`, in integer units (tokens, or nano-units of
+money), and where its period's counter lives in Redis."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date
+from decimal import ROUND_CEILING, Decimal
+from typing import Literal
+
+from gateway.budgets.periods import Period, period_id
+
+NANO = Decimal(10) ** 9
+"""Spend is kept in Redis as integer nano-units of the price currency: no floats near money."""
+
+Metric = Literal["tokens", "spend"]
+PERIOD_ADJECTIVE: dict[Period, str] = {"day": "daily", "week": "weekly", "month": "monthly", "total": "total"}
+
+
+def to_nano(amount: Decimal) -> int:
+    """Rounded up: counters built from costs never run below the exact cost Postgres bills."""
+    return int((amount * NANO).to_integral_value(rounding=ROUND_CEILING))
+
+
+def from_nano(nano: int) -> Decimal:
+    """Exact; 9 decimals at most, trailing zeros dropped (never exponent form under ``format(x, "f")``)."""
+    amount = Decimal(nano).scaleb(-9)
+    return amount.quantize(Decimal(1)) if amount == amount.to_integral_value() else amount.normalize()
+
+
+def counter_key(scope_name: str, period: Period, day: date) -> str:
+    """The hash of a scope's settled usage in one period: fields ``tok`` and ``spend`` (nano)."""
+    return f"tern:budget:{scope_name}:{period_id(period, day)}"
+
+
+def reservation_keys(scope_name: str) -> tuple[str, str]:
+    """A scope's outstanding reservations: a hash (request id -> "tokens nano", plus the sums
+    ``__tok`` and ``__spend``) and a sorted set of request ids by expiry."""
+    return f"tern:bres:{scope_name}", f"tern:bres:{scope_name}:exp"
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRule:
+    metric: Metric
+    period: Period
+    limit: int
+    """Tokens, or spend in nano-units."""
+    alert_at: int | None = None
+    """The soft threshold in the same units; None: no alert."""
+    budget_id: int | None = None
+    """The ``budgets`` row; None: a ``monthly_*_budget`` field of the key or tenant limits."""
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        metric: Metric,
+        period: Period,
+        amount: Decimal | int,
+        alert_ratio: Decimal | None = None,
+        budget_id: int | None = None,
+    ) -> BudgetRule:
+        limit = int(amount) if metric == "tokens" else to_nano(Decimal(amount))
+        alert_at = None if alert_ratio is None else int(Decimal(limit) * alert_ratio)
+        return cls(metric=metric, period=period, limit=limit, alert_at=alert_at, budget_id=budget_id)
+
+    @property
+    def code(self) -> int:
+        """0 for tokens, 1 for spend (the scripts' encoding)."""
+        return 0 if self.metric == "tokens" else 1
+
+    def describe(self) -> str:
+        amount = f"{self.limit} tokens" if self.metric == "tokens" else format(from_nano(self.limit), "f")
+        what = "token" if self.metric == "tokens" else "spend"
+        return f"{PERIOD_ADJECTIVE[self.period]} {what} budget of {amount}"
+
+    @property
+    def name(self) -> str:
+        """For metrics labels and alerts: ``tokens:day``."""
+        return f"{self.metric}:{self.period}"

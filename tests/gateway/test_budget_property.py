@@ -1,0 +1,225 @@
+"""Strict budgets under concurrency, through the gateway against real Redis and Postgres and the
+stand-in engine: random budgets (several per key and per tenant, tokens and spend, every period),
+random prices and random request mixes, 64 requests at a time.
+
+- Gated phase: the engine holds every admitted request, so nothing settles while the 64 are admitted.
+  A request refused then must not have fit: after all admissions, some budget that applies to it has
+  less left than its worst case (what is left only shrinks while nothing settles).
+- Open phase: 64 more at once, settling while others are admitted.
+- Then billed usage (the rows in Postgres, priced here) never exceeds any budget: 0 tokens and 0
+  nano-units of money over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import string
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import pytest
+from credentials import bearer
+from fake_engine import REPLY, FakeEngine
+from sqlalchemy import text
+
+from gateway.wiring import gateway_state
+
+pytestmark = [pytest.mark.anyio, pytest.mark.fake_engines(gated=True)]
+
+CONCURRENCY = 64
+ROUNDS = 2
+NANO = Decimal(10) ** 9
+
+
+@dataclass
+class Req:
+    key: int
+    content: str
+    max_tokens: int
+    stream: bool
+
+    @property
+    def worst_tokens(self) -> int:
+        return math.ceil(len(self.content.encode()) / 4) + 4 + self.max_tokens
+
+    def worst_nano(self, prompt_price: Decimal, completion_price: Decimal) -> int:
+        prompt = math.ceil(len(self.content.encode()) / 4) + 4
+        cost = (prompt * prompt_price + self.max_tokens * completion_price) / 10**6
+        return math.ceil(cost * NANO)
+
+
+@dataclass
+class Budget:
+    key: int | None
+    """Index of the key it belongs to; None: the tenant's."""
+    metric: str
+    period: str
+    limit: int
+    """Tokens or nano-units."""
+    amount: str
+
+    def applies(self, req: Req) -> bool:
+        return self.key is None or self.key == req.key
+
+
+def random_request(rng: random.Random, keys: int, *, min_tokens: int = 1) -> Req:
+    """``min_tokens`` 2 makes the gated engine hold the request (it pauses after the first delta,
+    and a first delta that is also the last one would end the request)."""
+    words = [
+        "".join(rng.choice(string.ascii_lowercase) for _ in range(rng.randint(3, 9)))
+        for _ in range(rng.randint(1, 30))
+    ]
+    return Req(rng.randrange(keys), " ".join(words), rng.randint(min_tokens, 10), rng.random() < 0.3)
+
+
+async def send(client: httpx.AsyncClient, secret: str, req: Req) -> httpx.Response:
+    body: dict[str, Any] = {
+        "model": "fake-model",
+        "messages": [{"role": "user", "content": req.content}],
+        "max_tokens": req.max_tokens,
+        "stream": req.stream,
+    }
+    return await client.post("/v1/chat/completions", json=body, headers=bearer(secret))
+
+
+def assert_answered(response: httpx.Response) -> bool:
+    """True when served; a refusal must be a budget's (OpenAI's shape, insufficient_quota)."""
+    if response.status_code == 200:
+        return True
+    assert response.status_code == 429, response.text
+    assert response.json()["error"]["code"] == "insufficient_quota"
+    return False
+
+
+async def test_no_overspend_and_no_needless_refusal_at_64_concurrent_requests(
+    app: Any,
+    client: httpx.AsyncClient,
+    admin_headers: dict[str, str],
+    create_tenant_and_key: Any,
+    fake_engine: FakeEngine,
+) -> None:
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    state = gateway_state(app)
+    served_total = 0
+    price_id = None
+    for _ in range(ROUNDS):
+        # Random prices, with fractions of a nano-unit per token.
+        if price_id is not None:
+            await client.delete(f"/admin/prices/{price_id}", headers=admin_headers)
+        prompt_price = Decimal(rng.randint(10**6, 5 * 10**9)) / 10**6
+        completion_price = Decimal(rng.randint(10**6, 5 * 10**9)) / 10**6
+        price = {
+            "model": "fake-model",
+            "prompt_per_mtok": str(prompt_price),
+            "completion_per_mtok": str(completion_price),
+        }
+        created = await client.post("/admin/prices", json=price, headers=admin_headers)
+        assert created.status_code == 201, created.text
+        price_id = created.json()["id"]
+        await state.request_limiter.prices.refresh(force=True)
+
+        tenant, first_secret, first_id = await create_tenant_and_key()
+        second = await client.post(
+            "/admin/keys",
+            json={"tenant_id": tenant["id"], "name": f"{tenant['name']}-2", "kind": "inference"},
+            headers=admin_headers,
+        )
+        secrets, key_ids = [first_secret, second.json()["key"]], [first_id, second.json()["id"]]
+        gated = [random_request(rng, 2, min_tokens=2) for _ in range(CONCURRENCY)]
+        opened = [random_request(rng, 2) for _ in range(CONCURRENCY)]
+
+        budgets: list[Budget] = []
+        for owner in (0, 1, None):
+            for metric in ("tokens", "spend"):
+                for period in rng.sample(["day", "week", "month", "total"], rng.randint(0, 2)):
+                    probe = Budget(owner, metric, period, 0, "")
+                    applicable = [r for r in gated + opened if probe.applies(r)]
+                    if metric == "tokens":
+                        total = sum(r.worst_tokens for r in applicable)
+                        limit = max(1, int(total * rng.uniform(0.05, 0.8)))
+                        amount = str(limit)
+                    else:
+                        total = sum(r.worst_nano(prompt_price, completion_price) for r in applicable)
+                        micros = max(1, int(total * rng.uniform(0.05, 0.8)) // 1000)
+                        amount = str(Decimal(micros) / 10**6)
+                        limit = micros * 1000
+                    budgets.append(Budget(owner, metric, period, limit, amount))
+                    body = {"tenant_id": tenant["id"], "metric": metric, "period": period, "amount": amount}
+                    if owner is not None:
+                        body["key_id"] = key_ids[owner]
+                    response = await client.post("/admin/budgets", json=body, headers=admin_headers)
+                    assert response.status_code == 201, response.text
+
+        # Gated: the engine holds every admitted request, nothing settles.
+        assert fake_engine.gate is not None
+        fake_engine.gate.clear()
+        before = len(fake_engine.received)
+        tasks = [asyncio.create_task(send(client, secrets[r.key], r)) for r in gated]
+        deadline = time.monotonic() + 60
+        while sum(t.done() for t in tasks) + len(fake_engine.received) - before < CONCURRENCY:
+            assert time.monotonic() < deadline, f"requests neither refused nor admitted (seed {seed})"
+            await asyncio.sleep(0.02)
+        refused = [r for r, t in zip(gated, tasks, strict=True) if t.done()]
+        admitted = [r for r, t in zip(gated, tasks, strict=True) if not t.done()]
+        for req in refused:
+            assert not assert_answered(tasks[gated.index(req)].result())
+
+        def worst(r: Req, metric: str, prices: tuple[Decimal, Decimal]) -> int:
+            return r.worst_tokens if metric == "tokens" else r.worst_nano(*prices)
+
+        prices = (prompt_price, completion_price)
+        left = {
+            id(b): b.limit - sum(worst(r, b.metric, prices) for r in admitted if b.applies(r))
+            for b in budgets
+        }
+        assert all(v >= 0 for v in left.values()), (budgets, left, seed)
+        for req in refused:
+            assert any(b.applies(req) and left[id(b)] < worst(req, b.metric, prices) for b in budgets), (
+                req,
+                budgets,
+                seed,
+            )
+
+        fake_engine.gate.set()
+        served = sum(assert_answered(r) for r in await asyncio.gather(*tasks))
+        assert served == len(admitted)
+        # Open: 64 more at once, settling among admissions.
+        responses = await asyncio.gather(*(send(client, secrets[r.key], r) for r in opened))
+        served += sum(assert_answered(r) for r in responses)
+        served_total += served
+
+        # Billed usage, from the rows in Postgres, priced here.
+        recorder = state.usage_recorder
+        deadline = time.monotonic() + 30
+        while recorder.flushed < served_total:
+            assert time.monotonic() < deadline, "usage never reached Postgres"
+            await asyncio.sleep(0.05)
+        async with state.db_engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT key_id::text AS key_id, prompt_tokens, completion_tokens FROM usage_records "
+                        "WHERE tenant_id = :tenant"
+                    ),
+                    {"tenant": tenant["id"]},
+                )
+            ).all()
+        assert len(rows) == served
+        for b in budgets:
+            mine = [r for r in rows if b.key is None or r.key_id == key_ids[b.key]]
+            if b.metric == "tokens":
+                billed = sum(r.prompt_tokens + r.completion_tokens for r in mine)
+                assert billed <= b.limit, (b, billed, seed)
+            else:
+                cost = sum(
+                    (r.prompt_tokens * prompt_price + r.completion_tokens * completion_price) / 10**6
+                    for r in mine
+                )
+                assert cost * NANO <= b.limit, (b, cost, seed)
+        assert served > 0 and all(r.completion_tokens <= len(REPLY) for r in rows)
