@@ -50,7 +50,7 @@ async def create_budget(session: AsyncSession, *, actor: Actor, body: BudgetCrea
         key = await get_key(session, actor=actor, key_id=body.key_id)
         if key.tenant_id != body.tenant_id:
             raise KeyOfAnotherTenant()
-    amount = body.amount.to_integral_value() if body.metric == "tokens" else body.amount
+    amount = Decimal(body.amount).to_integral_value() if body.metric == "tokens" else body.amount
     ratio = None if body.alert_ratio is None else Decimal(str(round(body.alert_ratio, 3)))
     if ratio is not None and ratio == 0:
         ratio = Decimal("0.001")
@@ -166,7 +166,7 @@ async def budget_statuses(
     out = []
     for owned in await _budgets_of(session, tenant_id, key_id):
         rule, period = owned.rule, owned.rule.period
-        counter = await redis.hmget(counter_key(owned.scope_name, period, day), ["tok", "spend"])  # type: ignore[misc]
+        counter = await redis.hmget(counter_key(owned.scope_name, period, day), ["tok", "spend"])
         if counter[0] is None:
             column, owner = ("key_id", owned.key_id) if owned.key_id else ("tenant_id", owned.tenant_id)
             tokens, spend = await period_usage(
@@ -179,7 +179,7 @@ async def budget_statuses(
             used = tokens if rule.metric == "tokens" else to_nano(spend)
         else:
             used = int(counter[0] if rule.metric == "tokens" else counter[1] or 0)
-        held = await redis.hmget(reservation_keys(owned.scope_name)[0], ["__tok", "__spend"])  # type: ignore[misc]
+        held = await redis.hmget(reservation_keys(owned.scope_name)[0], ["__tok", "__spend"])
         reserved = int(held[0 if rule.metric == "tokens" else 1] or 0)
         out.append(
             BudgetStatus(

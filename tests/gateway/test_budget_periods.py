@@ -4,6 +4,8 @@ a period, counters that Redis lost are seeded again from the usage rows in Postg
 
 from __future__ import annotations
 
+import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, date, datetime
@@ -173,3 +175,23 @@ async def test_several_budgets_at_once_each_counts_in_its_own_period(
     assert "weekly token budget" in (await refused(limiter, limits) or "")
     clock.now = at("2026-04-13T00:00:00")  # Monday
     assert await refused(limiter, limits) is None
+
+
+async def test_a_reservation_that_never_settles_expires(redis_client: Redis, db_engine: AsyncEngine) -> None:
+    """A request whose gateway died holds its worst case only until TERN_LIMITS_SLOT_TTL_S passes."""
+    clock = Clock()
+    limiter = limiter_on(redis_client, db_engine, clock)
+    limiter.settings = LimitsSettings(slot_ttl_s=0.3)
+    scope = Scope(
+        kind="key",
+        id=str(uuid.uuid4()),
+        label="API key 'k'",
+        budgets=(BudgetRule.of(metric="tokens", period="total", amount=BUDGET),),
+    )
+    limits = RequestLimits(scopes=(scope,), failure_policy="closed")
+    await limiter.admit(limits=limits, reserve=BUDGET)  # never settled
+    assert await refused(limiter, limits) is not None
+    deadline = time.monotonic() + 10
+    while await refused(limiter, limits) is not None:  # Redis's clock decides when it expires
+        assert time.monotonic() < deadline, "the reservation never expired"
+        await asyncio.sleep(0.1)
