@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -126,12 +127,15 @@ class EngineConfig:
         return not ((gguf or self._bitnet_checkpoint()) and cpu_kernels.available())
 
     def _bitnet_checkpoint(self) -> bool:
-        """A BitNet checkpoint directory: its ternary weights run on the C kernels' ternary kernel
-        (two bits a weight) rather than torch's int8 ``_int_mm`` in bf16."""
-        from engine.layers.quant.checkpoint import checkpoint_quant  # reads config.json only
-
-        path = Path(self.model) if self.model is not None else None
-        return path is not None and path.is_dir() and checkpoint_quant(path)[0] == "bitnet"
+        """A BitNet checkpoint directory (its config.json as engine/layers/quant/checkpoint.py reads it):
+        its ternary weights run on the C kernels' ternary kernel (two bits a weight) rather than torch's
+        int8 ``_int_mm`` in bf16."""
+        try:
+            config = json.loads((Path(self.model or "") / "config.json").read_text())
+        except (OSError, ValueError):
+            return False
+        method = (config.get("quantization_config") or {}).get("quant_method")
+        return method == "bitnet" or "BitNetForCausalLM" in (config.get("architectures") or [])
 
     def resolved_num_threads(self, *, steps_in_c: bool = False) -> int:
         if self.num_threads:
