@@ -47,6 +47,8 @@ class RelayOutcome:
     duration_s: float = 0.0
     error_code: str | None = None
     client_disconnected: bool = False
+    end_user: str | None = None
+    """The request's OpenAI ``user`` field: who the caller serves, for reports by end user."""
     committed: bool = False
     """The journal took this outcome before the answer's last bytes (``UsageJournal.commit``)."""
 

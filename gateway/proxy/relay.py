@@ -86,6 +86,7 @@ class BaseRelay:
             key_id=key_id,
             stream=openai_request.stream,
             started_at=time.time(),
+            end_user=openai_request.user or None,
         )
         self._t0 = time.perf_counter()
         self._upstream: Upstream | None = None

@@ -24,7 +24,8 @@ def add_report_parser(admin_commands: Any) -> None:
     report.add_argument("--tenant", type=uuid.UUID)
     report.add_argument("--key", type=uuid.UUID)
     report.add_argument("--model")
-    report.add_argument("--group-by", default="day", help="comma-separated: day, model, key, tenant")
+    report.add_argument("--user", help="only requests with this OpenAI user field")
+    report.add_argument("--group-by", default="day", help="comma-separated: day, model, key, tenant, user")
     report.add_argument("--format", choices=["table", "json", "csv"], default="table")
     report.set_defaults(run=cmd_report)
 
@@ -68,6 +69,7 @@ def cmd_report(args: argparse.Namespace) -> int:
                     tenant_id=args.tenant,
                     key_id=args.key,
                     model=args.model,
+                    end_user=args.user,
                 )
         finally:
             await engine.dispose()

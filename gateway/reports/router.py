@@ -47,7 +47,14 @@ async def delete_price(price_id: RowId, actor: AdminActor, session: DbSession) -
 _GROUP = "(" + "|".join(GROUP_FIELDS) + ")"
 GroupByQuery = Annotated[
     list[Annotated[str, StringConstraints(pattern=f"^{_GROUP}(,{_GROUP})*$")]],
-    Query(description="day, model, key, tenant: repeated or comma-separated"),
+    Query(
+        description="day, model, key, tenant, user (the OpenAI user field): repeated or comma-separated"
+    ),
+]
+EndUser = Annotated[
+    str | None,
+    StringConstraints(max_length=256, pattern="^[^\\x00]*$"),
+    Query(alias="user", description="only requests with this OpenAI user field (empty: without one)"),
 ]
 
 
@@ -105,6 +112,7 @@ async def _report(
     model: str | None,
     group_by: list[str],
     fmt: Format,
+    end_user: str | None = None,
 ) -> Response | dict[str, Any]:
     today = datetime.now(UTC).date()
     start = start or today.replace(day=1)
@@ -112,7 +120,14 @@ async def _report(
     # 'to' before 'from' is an empty range: an empty report, not an error.
     groups = parse_group_by(group_by)
     report = await service.usage_report(
-        session, start=start, end=end, group_by=groups, tenant_id=tenant, key_id=key, model=model
+        session,
+        start=start,
+        end=end,
+        group_by=groups,
+        tenant_id=tenant,
+        key_id=key,
+        model=model,
+        end_user=end_user,
     )
     return render(report, groups=groups, fmt=fmt)
 
@@ -132,6 +147,7 @@ async def admin_usage_report(
     model: Filter | None = None,
     group_by: GroupByQuery = ["day"],  # noqa: B006 (FastAPI copies defaults)
     fmt: Annotated[Format, Query(alias="format")] = "json",
+    end_user: EndUser = None,
 ) -> Response | dict[str, Any]:
     if not actor.is_platform:
         if tenant is not None and tenant != actor.tenant_id:
@@ -140,7 +156,15 @@ async def admin_usage_report(
             )
         tenant = actor.tenant_id
     return await _report(
-        session, start=start, end=end, tenant=tenant, key=key, model=model, group_by=group_by, fmt=fmt
+        session,
+        start=start,
+        end=end,
+        tenant=tenant,
+        key=key,
+        model=model,
+        group_by=group_by,
+        fmt=fmt,
+        end_user=end_user,
     )
 
 
@@ -163,6 +187,7 @@ async def own_usage(
     model: Filter | None = None,
     group_by: GroupByQuery = ["day"],  # noqa: B006
     fmt: Annotated[Format, Query(alias="format")] = "json",
+    end_user: EndUser = None,
 ) -> Response | dict[str, Any]:
     """The calling key's tenant only; ``group_by=tenant`` is allowed but shows just that tenant."""
     return await _report(
@@ -174,4 +199,5 @@ async def own_usage(
         model=model,
         group_by=group_by,
         fmt=fmt,
+        end_user=end_user,
     )

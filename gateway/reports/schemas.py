@@ -12,7 +12,13 @@ from gateway.bounds import IsoDate, Name, money
 from gateway.reports.pricing import money_str
 
 GroupBy = Literal["day", "model", "key", "tenant"]
-GROUP_FIELDS: dict[str, str] = {"day": "day", "model": "model", "key": "key_id", "tenant": "tenant_id"}
+GROUP_FIELDS: dict[str, str] = {
+    "day": "day",
+    "model": "model",
+    "key": "key_id",
+    "tenant": "tenant_id",
+    "user": "end_user",
+}
 """group_by value -> the row field it adds."""
 
 METRICS = (

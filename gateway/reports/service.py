@@ -7,7 +7,7 @@ rows' retention. Costs are summed exactly in Postgres numerics and divided by 1e
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -95,15 +95,36 @@ async def delete_price(session: AsyncSession, *, actor: Actor, price_id: int) ->
 
 
 def _filters(
-    *, start: date, end: date, tenant_id: uuid.UUID | None, key_id: uuid.UUID | None, model: str | None
+    *,
+    start: date,
+    end: date,
+    tenant_id: uuid.UUID | None,
+    key_id: uuid.UUID | None,
+    model: str | None,
+    end_user: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     where = ["d.day >= :start", "d.day <= :end"]
     params: dict[str, Any] = {"start": start, "end": end}
-    for column, value in (("tenant_id", tenant_id), ("key_id", key_id), ("model", model)):
+    filters = (("tenant_id", tenant_id), ("key_id", key_id), ("model", model), ("end_user", end_user))
+    for column, value in filters:
         if value is not None:
             where.append(f"d.{column} = :{column}")
             params[column] = value
     return " AND ".join(where), params
+
+
+BY_END_USER = """(
+    SELECT (r.started_at AT TIME ZONE 'UTC')::date AS day, r.tenant_id, r.key_id, r.model,
+           coalesce(r.end_user, '') AS end_user, count(*) AS requests,
+           count(*) FILTER (WHERE r.status >= 400 OR r.finish_reason = 'error') AS errors,
+           sum(r.prompt_tokens) AS prompt_tokens, sum(r.cached_tokens) AS cached_tokens,
+           sum(r.completion_tokens) AS completion_tokens
+    FROM usage_records r
+    WHERE r.started_at >= :start_at AND r.started_at < :end_at
+    GROUP BY 1, 2, 3, 4, 5
+)"""
+"""The daily rollup's shape with the end user added, from the raw rows (the rollups have no end user):
+reports by end user reach back as far as ``TERN_USAGE_RETENTION_MONTHS`` keeps raw rows."""
 
 
 def _metrics(row: Any) -> dict[str, Any]:
@@ -128,9 +149,20 @@ async def usage_report(
     tenant_id: uuid.UUID | None = None,
     key_id: uuid.UUID | None = None,
     model: str | None = None,
+    end_user: str | None = None,
 ) -> dict[str, Any]:
-    """``{"rows": [...], "totals": {...}}`` over ``start``..``end`` (UTC days, both included)."""
-    where, params = _filters(start=start, end=end, tenant_id=tenant_id, key_id=key_id, model=model)
+    """``{"rows": [...], "totals": {...}}`` over ``start``..``end`` (UTC days, both included).
+
+    Grouped by end user (``user``) or filtered to one (``end_user``; "" is requests without one), it
+    reads the raw rows; otherwise the daily rollups."""
+    where, params = _filters(
+        start=start, end=end, tenant_id=tenant_id, key_id=key_id, model=model, end_user=end_user
+    )
+    source = "usage_daily"
+    if "user" in group_by or end_user is not None:
+        source = BY_END_USER
+        params["start_at"] = datetime.combine(start, time(0), tzinfo=UTC)
+        params["end_at"] = datetime.combine(end + timedelta(days=1), time(0), tzinfo=UTC)
     columns = [f"d.{GROUP_FIELDS[g]}" for g in group_by]
     select_groups = "".join(f"{c}, " for c in columns)
     group_clause = f"GROUP BY {', '.join(columns)} ORDER BY {', '.join(columns)}" if columns else ""
@@ -139,7 +171,7 @@ async def usage_report(
                sum(d.requests) AS requests, sum(d.errors) AS errors,
                sum(d.prompt_tokens) AS prompt_tokens, sum(d.cached_tokens) AS cached_tokens,
                sum(d.completion_tokens) AS completion_tokens, sum({COST_MICRO_SQL}) AS cost_micro
-        FROM usage_daily d {PRICE_LATERAL}
+        FROM {source} d {PRICE_LATERAL}
         WHERE {where}
         {group_clause}
     """
@@ -149,7 +181,10 @@ async def usage_report(
         out: dict[str, Any] = {}
         for g in group_by:
             value = getattr(row, GROUP_FIELDS[g])
-            out[GROUP_FIELDS[g]] = value.isoformat() if isinstance(value, date) else str(value)
+            if g == "user":
+                out["end_user"] = value or None  # "" groups the requests without a user
+            else:
+                out[GROUP_FIELDS[g]] = value.isoformat() if isinstance(value, date) else str(value)
         out.update(_metrics(row))
         rows.append(out)
     totals: dict[str, Any] = {k: 0 for k in ("requests", "errors", "prompt_tokens", "cached_tokens")}

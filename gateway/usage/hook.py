@@ -38,6 +38,7 @@ def record_from_outcome(outcome: RelayOutcome) -> UsageRecord | None:
         started_at=started,
         finished_at=started + timedelta(seconds=outcome.duration_s),
         usage_estimated=not outcome.usage_exact,
+        end_user=outcome.end_user,
     )
 
 

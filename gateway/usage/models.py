@@ -58,6 +58,8 @@ class UsageRow(Base):
     usage_estimated: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
     """The engine reported no usage (an ``openai`` engine that does not, a broken stream): the
     gateway counted the tokens itself (gateway/proxy/token_count.py)."""
+    end_user: Mapped[str | None] = mapped_column(Text)
+    """The request's OpenAI ``user`` field (at most 256 characters), for reports by end user."""
     recorded_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )

@@ -31,6 +31,8 @@ class UsageRecord:
     usage_estimated: bool = False
     """The engine reported no usage: the gateway counted it (last, with a default, so spool files
     written before the field existed still read)."""
+    end_user: str | None = None
+    """The request's OpenAI ``user`` field (with a default, like ``usage_estimated``)."""
 
     @property
     def total_tokens(self) -> int:

@@ -20,7 +20,7 @@ from gateway.usage.schemas import UsageRecord
 _COLUMNS = (
     "request_id text, tenant_id uuid, key_id uuid, model text, endpoint text, prompt_tokens int, "
     "cached_tokens int, completion_tokens int, status smallint, finish_reason text, ttft_ms float8, "
-    "duration_ms float8, started_at timestamptz, finished_at timestamptz, usage_estimated bool"
+    "duration_ms float8, started_at timestamptz, finished_at timestamptz, usage_estimated bool, end_user text"
 )
 _NAMES = [col.split()[0] for col in _COLUMNS.split(", ")]
 _TYPES = [col.split()[1] for col in _COLUMNS.split(", ")]

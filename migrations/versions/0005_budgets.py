@@ -1,5 +1,5 @@
 """budgets: token and spend budgets per key or tenant with a period (day, week, month, total) and an
-optional alert threshold; usage_records.end_user: the request's OpenAI ``user`` field.
+optional alert threshold.
 
 The monthly budget columns of api_keys, key_limits and tenant_limits stay and keep working: each is a
 month budget without a row here.

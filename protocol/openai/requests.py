@@ -3,7 +3,8 @@ an RPC :class:`~protocol.rpc.GenerateRequest`.
 
 Parameter policy: unknown fields are a 400 ("Unrecognized request argument
 supplied"), as OpenAI answers. Known OpenAI fields that only describe the
-caller (``user``, ``store``, ``metadata``, ...) are accepted and ignored. Known
+caller (``store``, ``metadata``, ...) are accepted and ignored; ``user`` is kept (the gateway
+records it on the usage row, at most 256 characters). Known
 fields that would change the output and that Tern cannot honour (``logit_bias``,
 ``echo``, the deprecated ``functions``, ...) are a 400 naming the parameter unless
 they are left at their neutral value, so a client never silently gets something
@@ -41,7 +42,8 @@ from protocol.openai.tools import (
 from protocol.rpc import GenerateRequest, ToolChoice, ToolSpec
 
 # Accepted and ignored: they describe the caller, not the output.
-_IGNORED_FIELDS = ("user", "store", "metadata", "service_tier", "safety_identifier")
+_IGNORED_FIELDS = ("store", "metadata", "service_tier", "safety_identifier")
+END_USER_MAX_LENGTH = 256
 
 
 def _refuse_unsupported(data: Any, neutral: dict[str, tuple[Any, ...]]) -> Any:
@@ -101,6 +103,11 @@ class _Request(BaseModel):
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    user: str | None = Field(
+        default=None,
+        max_length=END_USER_MAX_LENGTH,
+        description="Your end user's id: recorded on the usage row, for reports by end user",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod

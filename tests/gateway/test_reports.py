@@ -80,6 +80,7 @@ async def seed(app: FastAPI, owners: list[tuple[str, str]], n: int = 120) -> lis
                 duration_ms=50.0,
                 started_at=started,
                 finished_at=started + timedelta(seconds=1),
+                end_user=rng.choice(["alice", "bob", None]),
             )
         )
     await write_batch(gateway_state(app).db_engine, records, known_months=set())
@@ -274,3 +275,39 @@ async def test_tern_admin_report_prints_the_same_totals(world, gateway_settings)
     header, _, *body = table.splitlines()
     assert header.split() == ["model", *METRICS]
     assert body[-1].split()[0] == "TOTAL" and body[-1].split()[-1] == totals["cost"]
+
+
+async def test_reports_by_end_user_equal_raw_sums_and_filter_and_csv(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], world
+) -> None:
+    start = (TODAY - timedelta(days=5)).isoformat()
+    tenant_a = world["a"][0]
+    mine = [r for r in world["records"] if r.tenant_id == tenant_a]
+    response = await client.get(
+        "/admin/reports/usage",
+        params={"from": start, "tenant": tenant_a, "group_by": "user"},
+        headers=admin_headers,
+    )
+    assert response.status_code == 200, response.text
+    rows = {row["end_user"]: row for row in response.json()["rows"]}
+    assert set(rows) == {"alice", "bob", None}
+    for user, row in rows.items():
+        expected = expected_totals([r for r in mine if r.end_user == user])
+        assert as_comparable({k: row[k] for k in METRICS}) == as_comparable(expected)
+
+    alice = await client.get(
+        "/admin/reports/usage",
+        params={"from": start, "tenant": tenant_a, "group_by": "day,model", "user": "alice", "format": "csv"},
+        headers=admin_headers,
+    )
+    assert alice.status_code == 200
+    parsed = list(csv.DictReader(io.StringIO(alice.text)))
+    assert sum(int(r["requests"]) for r in parsed) == sum(r.end_user == "alice" for r in mine)
+
+    by_user = await client.get(
+        "/admin/reports/usage",
+        params={"from": start, "tenant": tenant_a, "group_by": "user", "format": "csv"},
+        headers=admin_headers,
+    )
+    parsed = list(csv.DictReader(io.StringIO(by_user.text)))
+    assert {r["end_user"] for r in parsed} == {"alice", "bob", ""}
