@@ -40,7 +40,13 @@ ACTIVATION_MAX = 32767
 """Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("quant_kernels.c", "attention_kernels.c", "layer_kernels.c", "ternary_kernels.c")
+    for name in (
+        "quant_kernels.c",
+        "kquant_kernels.c",
+        "attention_kernels.c",
+        "layer_kernels.c",
+        "ternary_kernels.c",
+    )
 )
 INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
@@ -51,6 +57,11 @@ two on one machine (docs/engine.md, "The VNNI q4_1 kernel")."""
 AVX512_ENV = "TERN_CPU_AVX512"
 """Set to 0 to build the AVX2 kernels where the CPU has AVX-512 (``TERN_NO_AVX512`` in kernels.h): the
 tests run both on a machine that has it."""
+
+
+AVX512_ENV = "TERN_CPU_AVX512"
+"""Set to 0 to build the AVX2 kernels on a CPU with AVX-512 (``-DTERN_NO_AVX512``): to test and
+compare both on one machine."""
 
 
 def _flags() -> tuple[str, ...]:

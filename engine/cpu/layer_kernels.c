@@ -78,14 +78,18 @@ static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width,
 
 /* -- the layer --------------------------------------------------------------------------------- */
 
-typedef struct {
-    const void *qweight; /* q4_1: [N, K/2] bytes (or tile by tile: kernels.q4_1_kernel_layout); q8_0: [N, K] int8 */
-    const uint16_t *scales; /* [N, K/32] float16 (q4_1: as its codes) */
+typedef struct TernLinear {
+    const void *qweight; /* q4_1: [N, K/2] bytes (or tile by tile: kernels.q4_1_kernel_layout); q8_0: [N, K] int8;
+                            Q4_K/Q5_K/Q6_K: [N, K/256] super-blocks as GGUF stores them */
+    const uint16_t *scales; /* [N, K/32] float16 (q4_1: as its codes; none for the K-quants) */
     const uint16_t *mins;   /* [N/16 rounded up, K/32, 16] float16, q4_1 only (kernels.tile_blocks) */
     const float *bias;   /* [N] or NULL */
     int64_t out_features, in_features;
-    int32_t q4; /* 1: q4_1, 0: q8_0 */
+    int32_t format; /* FORMAT_* below: engine/cpu/ggml_kernels.py, KERNEL_TYPES */
+    const struct TernLinear *next; /* parts of different formats stacked (q/k/v, gate/up): next's columns follow */
 } TernLinear;
+
+enum { FORMAT_Q8_0 = 0, FORMAT_Q4_1 = 1, FORMAT_Q4_K = 2, FORMAT_Q5_K = 3, FORMAT_Q6_K = 4 };
 
 typedef struct {
     TernLinear qkv, o, gate_up, down;
@@ -97,13 +101,47 @@ typedef struct {
     int64_t block_size;
 } TernDecoderLayer;
 
-static int linear(const TernLinear *w, const float *x, int64_t M, float *out) {
+/* One part's kernel: the one place in C that maps a format to its matmul. */
+static int part(const TernLinear *w, const float *x, int64_t M, float *out) {
     const int64_t N = w->out_features, K = w->in_features;
-    const int status = w->q4 ? tern_matmul_q4_1(x, M, K, (const uint8_t *)w->qweight, w->scales, w->mins, N, out)
-                             : tern_matmul_q8_0(x, M, K, (const int8_t *)w->qweight, w->scales, N, out);
+    switch (w->format) {
+    case FORMAT_Q8_0: return tern_matmul_q8_0(x, M, K, (const int8_t *)w->qweight, w->scales, N, out);
+    case FORMAT_Q4_1: return tern_matmul_q4_1(x, M, K, (const uint8_t *)w->qweight, w->scales, w->mins, N, out);
+    case FORMAT_Q4_K: case FORMAT_Q5_K: case FORMAT_Q6_K:
+        return tern_matmul_kquant(w->format - FORMAT_Q4_K, x, M, K, (const uint8_t *)w->qweight, N, out);
+    default: return -2;
+    }
+}
+
+/* The columns of a linear and of the parts stacked after it. */
+static int64_t stacked_features(const TernLinear *w) {
+    int64_t n = 0;
+    for (; w; w = w->next) n += w->out_features;
+    return n;
+}
+
+static int part_with_bias(const TernLinear *w, const float *x, int64_t M, float *out) {
+    const int status = part(w, x, M, out);
     if (status == 0 && w->bias)
         for (int64_t r = 0; r < M; r++)
-            for (int64_t n = 0; n < N; n++) out[r * N + n] += w->bias[n];
+            for (int64_t n = 0; n < w->out_features; n++) out[r * w->out_features + n] += w->bias[n];
+    return status;
+}
+
+static int linear(const TernLinear *w, const float *x, int64_t M, float *out) {
+    if (!w->next) return part_with_bias(w, x, M, out);
+    /* each part into its own rows, then into its columns of out */
+    const int64_t N = stacked_features(w);
+    int64_t column = 0;
+    int status = 0;
+    for (const TernLinear *p = w; p && status == 0; p = p->next) {
+        float *rows = malloc((size_t)(M * p->out_features) * sizeof(float));
+        status = rows ? part_with_bias(p, x, M, rows) : -1;
+        for (int64_t r = 0; r < M && status == 0; r++)
+            memcpy(out + r * N + column, rows + r * p->out_features, (size_t)p->out_features * sizeof(float));
+        free(rows);
+        column += p->out_features;
+    }
     return status;
 }
 
@@ -152,8 +190,8 @@ static int decoder_layer(const TernDecoderLayer *L, float *hidden, int64_t M, in
                          int64_t width, const int32_t *context_lens, const Workspace *ws) {
     const int64_t H = L->heads, KVH = L->kv_heads, D = L->head_dim, I = L->intermediate;
     const int64_t qkv_width = (H + 2 * KVH) * D;
-    if (L->qkv.out_features != qkv_width || L->gate_up.out_features != 2 * I || L->o.out_features != E ||
-        L->down.out_features != E)
+    if (stacked_features(&L->qkv) != qkv_width || stacked_features(&L->gate_up) != 2 * I ||
+        stacked_features(&L->o) != E || stacked_features(&L->down) != E)
         return -2;
     int status;
     tern_rms_norm(hidden, L->input_norm, M, E, L->eps, ws->normed);

@@ -30,6 +30,7 @@ from torch import nn
 
 from engine.config import cpu_has_native_bf16
 from engine.cpu import kernels as cpu_kernels
+from engine.layers.ggml_linear import GgmlEmbedding
 from engine.layers.quant.linear import Int4Linear
 
 PACKED_ROWS = 16
@@ -304,5 +305,5 @@ def _dequantize_q8_0(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def activation_dtype(model: nn.Module) -> torch.dtype:
     """The dtype the model computes in: its embedding's (the KV cache follows it)."""
-    embedding = next(m for m in model.modules() if isinstance(m, nn.Embedding | Q8Embedding))
-    return embedding.dtype if isinstance(embedding, Q8Embedding) else embedding.weight.dtype
+    embedding = next(m for m in model.modules() if isinstance(m, nn.Embedding | Q8Embedding | GgmlEmbedding))
+    return embedding.weight.dtype if isinstance(embedding, nn.Embedding) else embedding.dtype

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from engine.layers.ggml_linear import GgmlLinear, stack_ggml_linears
 from engine.layers.quant.linear import Int4Linear
 from engine.layers.quant.weights import Int4Weight
 from engine.layers.ternary_linear import TernaryCpuLinear
@@ -16,6 +17,8 @@ from engine.layers.ternary_linear import TernaryCpuLinear
 def stack_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
     """One linear whose output is ``parts``' outputs side by side, or None when they cannot be stacked
     (mixed kinds, biases on some only, different INT4 group sizes or backends)."""
+    if any(isinstance(p, GgmlLinear) for p in parts):
+        return stack_ggml_linears(parts)
     if len({type(p) for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return None
     first = parts[0]

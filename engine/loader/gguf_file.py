@@ -1,6 +1,12 @@
-"""GGUF files: metadata as a dict, and tensors under Hugging Face names, dequantized to float or,
-for Q4_0/Q4_1 linears under ``--quant int4`` (and TQ1_0/TQ2_0 ones on the CPU fast path), kept as
-their raw blocks.
+"""GGUF files: metadata as a dict, and tensors under Hugging Face names, dequantized to float or
+kept as their raw blocks: Q4_0/Q4_1 linears under ``--quant int4`` (and TQ1_0/TQ2_0 ones on the CPU
+fast path), and (``keep_blocks``, the C kernels' path) every linear, embedding and output head whose
+type runs in its own blocks (``engine/cpu/ggml_kernels.py``), plus an untied embedding of any
+quantized type.
+
+The file is mapped copy-on-write: blocks kept are views of the mapping (no copy; what the kernels'
+layout rearranges in place becomes the process's own pages), and the pages of every tensor that was
+converted instead are handed back as soon as it is, so loading holds about one copy of the file.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
 matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its
@@ -9,6 +15,7 @@ logits match transformers on the same file.
 
 from __future__ import annotations
 
+import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +25,7 @@ import gguf
 import numpy as np
 import torch
 
+from engine.cpu import ggml_kernels
 from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES, GGUF_TERNARY_SUFFIXES
 
 # Architectures whose q/k rows llama.cpp permuted at conversion (Qwen2 uses NEOX rope: untouched).
@@ -43,12 +51,29 @@ _LAYER_NAMES = {
 }
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # GGML type name -> the name suffix its raw blocks are passed on under (see QuantizedTensors).
+_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 _INT4_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_INT4_SUFFIXES.items()}
 _TERNARY_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_TERNARY_SUFFIXES.items()}
 
 
+BLOCKS_SUFFIX = ".ggml_blocks_"
+"""``<module><BLOCKS_SUFFIX><GGML type name>``: a tensor's raw blocks, kept for its own kernel."""
+
+
 def open_gguf(path: str | Path) -> gguf.GGUFReader:
-    return gguf.GGUFReader(path)
+    return gguf.GGUFReader(path, "c")  # copy-on-write: writable views, the file never written
+
+
+def _release(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
+    """Drop the whole pages of ``tensor``'s bytes from this process (converted: never read again)."""
+    page = mmap.PAGESIZE
+    mapped = getattr(reader.data, "_mmap", None)
+    if mapped is None or not hasattr(mapped, "madvise"):
+        return
+    start = -(-int(tensor.data_offset) // page) * page
+    end = (int(tensor.data_offset) + int(tensor.n_bytes)) // page * page
+    if end > start:
+        mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -87,6 +112,15 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
+def _kept_blocks(tensor: gguf.ReaderTensor, name: str, tied: bool) -> bool:
+    """Whether the C kernels' path keeps this tensor as its blocks (``keep_blocks``)."""
+    ggml_type, width = tensor.tensor_type, int(tensor.shape[0])
+    runs = ggml_kernels.kernel_format(ggml_type, width) is not None
+    if name == "model.embed_tokens.weight":  # untied, only rows are looked up: any quantized type
+        return runs or (not tied and ggml_type not in _FLOAT_TYPES)
+    return runs and (name == "lm_head.weight" or (".layers." in name and name.endswith("_proj.weight")))
+
+
 def iter_tensors(
     reader: gguf.GGUFReader,
     architecture: str,
@@ -95,29 +129,40 @@ def iter_tensors(
     *,
     keep_int4: bool = False,
     keep_ternary: bool = False,
+    keep_blocks: bool = False,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """(HF name, float32 tensor) for every tensor in the file.
 
     With ``keep_int4``, each decoder linear stored as Q4_0/Q4_1 comes instead as its raw blocks,
     uint8 ``[N, K/32 * block bytes]``, named ``<module>.gguf_q4_0`` / ``.gguf_q4_1``: the loader
     builds ``Int4Linear`` modules from them without going through float. With ``keep_ternary``, so
-    does each TQ1_0/TQ2_0 one (``.gguf_tq1_0`` / ``.gguf_tq2_0``), for the ternary C kernel.
+    does each TQ1_0/TQ2_0 one (``.gguf_tq1_0`` / ``.gguf_tq2_0``), for the ternary C kernel. With
+    ``keep_blocks``, the tensors :func:`_kept_blocks` picks come as their blocks too, as views of the
+    file, named ``<module>.ggml_blocks_<type>`` (``engine/layers/ggml_linear.py`` runs them).
     """
     permuted = architecture in _PERMUTED_QK_ARCHITECTURES
+    tied = "output.weight" not in {t.name for t in reader.tensors}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
         type_name = tensor.tensor_type.name
         packed_suffix = (_INT4_SUFFIX_BY_TYPE.get(type_name) if keep_int4 else None) or (
             _TERNARY_SUFFIX_BY_TYPE.get(type_name) if keep_ternary else None
         )
-        if packed_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
+        kept = keep_blocks and _kept_blocks(tensor, name, tied)
+        if kept:
             values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks
+            name = name.removesuffix(".weight") + BLOCKS_SUFFIX + type_name
+        elif packed_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
+            values = np.array(tensor.data)  # rows of blocks, a copy: converted by the loader
             name = name.removesuffix(".weight") + packed_suffix
         else:
             values = dequantize(tensor)
-        if permuted and ".attn_q." in tensor.name:
-            values = unpermute_rope_rows(values, num_heads)
-        elif permuted and ".attn_k." in tensor.name:
-            values = unpermute_rope_rows(values, num_kv_heads)
-        # Views of the memory-mapped file are read-only; torch wants writable memory.
+        if permuted and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
+            heads = num_heads if ".attn_q." in tensor.name else num_kv_heads
+            if kept:  # in place: the rows become this process's own pages of the mapping
+                values[...] = unpermute_rope_rows(values, heads)
+            else:
+                values = unpermute_rope_rows(values, heads)
+        if not kept:
+            _release(reader, tensor)
         yield name, torch.from_numpy(values if values.flags.writeable else values.copy())

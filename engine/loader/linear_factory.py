@@ -17,6 +17,10 @@ Weight formats (:class:`WeightFormat`, found by the module's exact type in ``MOD
   ``C_F32`` runs it on the ternary C kernel (``TernaryCpuLinear``, two bits a weight). A TQ1_0/TQ2_0
   GGUF's linears and a packed BitNet checkpoint's load straight into ``TernaryCpuLinear`` on the fast
   path (``keep_gguf_int4``), which needs no row.
+- ``GGML``: ``GgmlLinear``, a GGUF tensor's own blocks of a type that has a C kernel (Q4_K, Q5_K,
+  Q6_K, Q8_0, Q5_0 as Q8_0): which kernel runs which GGML type is the one table
+  ``engine/cpu/ggml_kernels.py``'s ``KERNEL_TYPES``. The loader keeps these blocks only for ``C_F32``
+  (``ServingPlan.keep_gguf_blocks``), and the module runs its kernel as loaded: no row replaces it.
 
 Kernel sets (:class:`CpuKernels`): ``MKL_F32`` (the exact float32 path, weights also MKL-packed),
 ``ONEDNN_BF16`` (bf16 on a CPU with native bf16), ``TORCH_INT4_F32`` (torch's int4/int8 kernels in a
@@ -49,6 +53,7 @@ from torch import nn
 from engine.layers.activation import SiluAndMul
 from engine.layers.attention import set_decode_backend
 from engine.layers.attention_backends import CDecode
+from engine.layers.ggml_linear import GgmlLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
@@ -68,6 +73,7 @@ class WeightFormat(enum.StrEnum):
     FLOAT = "float"
     INT4 = "int4"
     TERNARY = "ternary"
+    GGML = "ggml"
 
 
 class CpuKernels(enum.StrEnum):
@@ -83,6 +89,7 @@ MODULE_FORMATS: dict[type[nn.Module], WeightFormat] = {
     nn.Linear: WeightFormat.FLOAT,
     Int4Linear: WeightFormat.INT4,
     TernaryLinear: WeightFormat.TERNARY,
+    GgmlLinear: WeightFormat.GGML,
 }
 
 

@@ -26,6 +26,7 @@ from engine.layers.quant.checkpoint import (
     resolve_quant,
 )
 from engine.loader import gguf_file, safetensors_files
+from engine.loader.ggml_modules import GgmlBlocks
 from engine.loader.progress import ProgressBar
 from engine.model_config import ModelConfig
 from engine.models import model_class_for
@@ -80,6 +81,7 @@ def load_model(
     progress: bool = True,
     quant: str = "auto",
     keep_gguf_int4: bool = False,
+    keep_gguf_blocks: bool = False,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA.
 
@@ -87,7 +89,9 @@ def load_model(
     `keep_gguf_int4`, `auto` keeps a GGUF file's Q4_0/Q4_1 linears packed as `int4` does (the CPU
     fast path runs them as they are), its other tensors are dequantized as usual; and on CPU, where
     the C kernels build, ternary linears (a GGUF's TQ1_0/TQ2_0 ones, a packed BitNet checkpoint's) load
-    straight into the ternary C kernel's ``TernaryCpuLinear``."""
+    straight into the ternary C kernel's ``TernaryCpuLinear``. With `keep_gguf_blocks` (float32 on the
+    C kernels), every linear, embedding and head whose GGML type has a C kernel stays in its own
+    blocks too (`engine/loader/ggml_modules.py`)."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
@@ -101,13 +105,23 @@ def load_model(
     # The fast path's ternary weights (a TQ1_0/TQ2_0 GGUF's, a BitNet checkpoint's) go to the ternary C
     # kernel as they are loaded: two bits a weight, no float or int8 copy of the model.
     ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
-    tensors = checkpoint.tensors(keep_int4=keep_int4, keep_ternary=keep_int4 and ternary_kernel)
-    _load_weights(model, packed.filter(tensors), bar, packed.parameter_names)
+    blocks = GgmlBlocks()
+    keep_blocks = keep_gguf_blocks and quant in ("auto", "int4") and checkpoint.path.suffix == ".gguf"
+    tensors = blocks.filter(
+        checkpoint.tensors(
+            keep_int4=keep_int4, keep_ternary=keep_int4 and ternary_kernel, keep_blocks=keep_blocks
+        )
+    )
+    tied = checkpoint.config.tie_word_embeddings
+    _load_weights(
+        model, packed.filter(tensors), bar, lambda: packed.parameter_names() | blocks.parameter_names(tied)
+    )
     if bar is not None:
         bar.close()
     if keep_int4 and packed.tensors:
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
+    blocks.install(model, tied)
     return LoadedModel(
         model=model.eval(),
         tokenizer=checkpoint.tokenizer,
@@ -145,7 +159,9 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep_int4=False, keep_ternary=False: safetensors_files.iter_tensors(files),
+            tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: (
+                safetensors_files.iter_tensors(files)
+            ),
         )
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
@@ -158,13 +174,14 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda keep_int4=False, keep_ternary=False: gguf_file.iter_tensors(
+            tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: gguf_file.iter_tensors(
                 reader,
                 architecture,
                 config.num_attention_heads,
                 config.num_key_value_heads,
                 keep_int4=keep_int4,
                 keep_ternary=keep_ternary,
+                keep_blocks=keep_blocks,
             ),
         )
     if path.exists():

@@ -25,6 +25,9 @@ class ServingPlan:
     """A GGUF's Q4_0/Q4_1 linears stay packed (the CPU fast path runs them as they are)."""
     cpu_kernels: CpuKernels | None
     """The kernel set the linear factory installs; None leaves the loaded modules as they are."""
+    keep_gguf_blocks: bool = False
+    """On the C kernels: every GGUF linear, head and embedding whose GGML type has a C kernel stays in
+    its own blocks (``engine/cpu/ggml_kernels.py``, ``KERNEL_TYPES``), loaded as ``GgmlLinear``."""
 
 
 def serving_plan(config: EngineConfig, device: torch.device, dtype: torch.dtype) -> ServingPlan:
@@ -44,7 +47,7 @@ def serving_plan(config: EngineConfig, device: torch.device, dtype: torch.dtype)
         kernels = CpuKernels.MKL_F32
     else:
         kernels = None
-    return ServingPlan(keep_gguf_int4=fast, cpu_kernels=kernels)
+    return ServingPlan(keep_gguf_int4=fast, cpu_kernels=kernels, keep_gguf_blocks=kernels is CpuKernels.C_F32)
 
 
 def load_for_engine(config: EngineConfig) -> LoadedModel:
@@ -52,7 +55,14 @@ def load_for_engine(config: EngineConfig) -> LoadedModel:
     device = config.resolved_device()
     dtype = config.resolved_dtype(device)
     plan = serving_plan(config, device, dtype)
-    loaded = load_model(config.model, device, dtype, quant=config.quant, keep_gguf_int4=plan.keep_gguf_int4)
+    loaded = load_model(
+        config.model,
+        device,
+        dtype,
+        quant=config.quant,
+        keep_gguf_int4=plan.keep_gguf_int4,
+        keep_gguf_blocks=plan.keep_gguf_blocks,
+    )
     if plan.cpu_kernels is not None:
         installed = install_cpu_kernels(loaded.model, plan.cpu_kernels)
         loaded = replace(loaded, steps_in_c=installed.steps_in_c)

@@ -13,29 +13,37 @@ all plain Llama layers with their linears on the C kernels one.
 from __future__ import annotations
 
 import ctypes
+import itertools
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from engine.cpu import kernels as cpu_kernels
+from engine.cpu.ggml_kernels import KERNEL_TYPES
 from engine.layers.attention_backends import CDecode
 from engine.layers.context import get_context
+from engine.layers.ggml_linear import StackedLinear
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
-_FORMATS = {"q4_1": 1, "q8_0": 0}
+# format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
+_FORMATS = {"q4_1": 1} | {spec.name: spec.c_id for spec in KERNEL_TYPES.values()}
 
 
 class _Linear(ctypes.Structure):
-    _fields_ = [
-        ("qweight", ctypes.c_void_p),
-        ("scales", ctypes.c_void_p),
-        ("mins", ctypes.c_void_p),
-        ("bias", ctypes.c_void_p),
-        ("out_features", ctypes.c_int64),
-        ("in_features", ctypes.c_int64),
-        ("q4", ctypes.c_int32),
-    ]
+    pass
+
+
+_Linear._fields_ = [
+    ("qweight", ctypes.c_void_p),
+    ("scales", ctypes.c_void_p),
+    ("mins", ctypes.c_void_p),
+    ("bias", ctypes.c_void_p),
+    ("out_features", ctypes.c_int64),
+    ("in_features", ctypes.c_int64),
+    ("format", ctypes.c_int32),
+    ("next", ctypes.POINTER(_Linear)),  # a StackedLinear's next part, or NULL
+]
 
 
 class _Layer(ctypes.Structure):
@@ -60,13 +68,24 @@ class _Layer(ctypes.Structure):
 
 
 def _on_c_kernel(linear: nn.Module | None) -> bool:
+    if isinstance(linear, StackedLinear):
+        return all(map(_on_c_kernel, linear.parts))
     return getattr(linear, "format", None) in _FORMATS
 
 
-def _linear(module: nn.Module) -> _Linear:
+def _linear(module: nn.Module, keep: list[_Linear]) -> _Linear:
+    """The C struct of a linear; a StackedLinear's parts chained through ``next``, their structs
+    appended to ``keep`` (the caller holds them as long as the layers' structs)."""
+
     def address(tensor: torch.Tensor | None) -> int | None:
         return None if tensor is None else tensor.data_ptr()
 
+    if isinstance(module, StackedLinear):
+        structs = [_linear(part, keep) for part in module.parts]
+        keep.extend(structs)
+        for struct, following in itertools.pairwise(structs):
+            struct.next = ctypes.pointer(following)
+        return structs[0]
     return _Linear(
         address(module.qweight),
         address(module.scales),
@@ -75,6 +94,7 @@ def _linear(module: nn.Module) -> _Linear:
         module.out_features,
         module.in_features,
         _FORMATS[module.format],
+        None,
     )
 
 
@@ -98,16 +118,16 @@ def supports(layer: nn.Module) -> bool:
     )
 
 
-def _layer_struct(layer: LlamaDecoderLayer) -> _Layer:
+def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
     attention, mlp = layer.self_attn, layer.mlp
     k_cache, v_cache = attention.attn.k_cache, attention.attn.v_cache
     if k_cache.dtype not in (torch.float16, torch.float32):
         raise cpu_kernels.KernelError("the decoder layer kernel takes a float16 or float32 cache")
     return _Layer(
-        _linear(attention.qkv_proj),
-        _linear(attention.o_proj),
-        _linear(mlp.gate_up_proj),
-        _linear(mlp.down_proj),
+        _linear(attention.qkv_proj, keep),
+        _linear(attention.o_proj, keep),
+        _linear(mlp.gate_up_proj, keep),
+        _linear(mlp.down_proj, keep),
         layer.input_layernorm.weight.data_ptr(),
         layer.post_attention_layernorm.weight.data_ptr(),
         layer.input_layernorm.eps,
@@ -140,7 +160,8 @@ class DecoderLayersKernel:
         # have the kernel write into memory it no longer owns.
         caches = [t.data_ptr() for a in self._attentions for t in (a.k_cache, a.v_cache)]
         if self._structs is None or caches != self._caches:
-            structs = [_layer_struct(layer) for layer in self.layers]
+            self._parts: list[_Linear] = []
+            structs = [_layer_struct(layer, self._parts) for layer in self.layers]
             self._structs = (_Layer * len(structs))(*structs)
             self._caches = caches
         return self._structs

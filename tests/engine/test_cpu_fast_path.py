@@ -14,13 +14,12 @@ from engine.bench.int4_quality import perplexity
 from engine.config import EngineConfig, cpu_has_native_bf16
 from engine.core.llm_engine import LLMEngine
 from engine.layers.attention_backends import CDecode, TorchDecode
+from engine.layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from engine.layers.packed_linear import (
     Int4PackedCpuLinear,
     Int8PackedCpuLinear,
     OneDnnPackedLinear,
     Q4CpuLinear,
-    Q8CpuLinear,
-    Q8Embedding,
     onednn_packing_available,
 )
 from engine.layers.quant.linear import Int4Linear
@@ -117,15 +116,15 @@ def test_the_loader_fuses_and_packs_the_default_model() -> None:
     engine = fast_engine()
     model = engine.runner.model
     layer = model.model.layers[0]
-    # a float32 model on the C kernels: Q4_1 linears and a Q8_0 lm_head; without them, on native bf16:
-    # torch's int4 kernel and a oneDNN-packed bf16 lm_head (the tied Q8_0 embedding)
+    # a float32 model on the C kernels: Q4_1 linears and the file's Q8_0 blocks as the lm_head; without
+    # them, on native bf16: torch's int4 kernel and a oneDNN-packed bf16 lm_head (the tied Q8_0 embedding)
     int4_type = Int4PackedCpuLinear if DEFAULT_ON_TORCH_BF16 else Q4CpuLinear
     assert isinstance(layer.self_attn.qkv_proj, int4_type)
     assert isinstance(layer.mlp.gate_up_proj, int4_type)
     assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "up_proj")
-    assert isinstance(model.lm_head, OneDnnPackedLinear if DEFAULT_ON_TORCH_BF16 else Q8CpuLinear)
+    assert isinstance(model.lm_head, OneDnnPackedLinear if DEFAULT_ON_TORCH_BF16 else GgmlLinear)
     # on the C kernels the tied embedding is looked up from the lm_head's Q8_0 blocks (no float table)
-    assert isinstance(model.model.embed_tokens, nn.Embedding if DEFAULT_ON_TORCH_BF16 else Q8Embedding)
+    assert isinstance(model.model.embed_tokens, nn.Embedding if DEFAULT_ON_TORCH_BF16 else GgmlEmbedding)
     backend = TorchDecode if DEFAULT_ON_TORCH_BF16 else CDecode
     assert isinstance(layer.self_attn.attn.backend, backend)
     assert engine.runner.kv_cache.dtype == (torch.bfloat16 if DEFAULT_ON_TORCH_BF16 else torch.float16)

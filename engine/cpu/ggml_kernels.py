@@ -1,0 +1,138 @@
+"""The C kernels for GGUF's own blocks, by GGML type: which ones run in their own layout
+(:data:`KERNEL_TYPES`), the ctypes calls (``kquant_kernels.c`` for Q4_K/Q5_K/Q6_K, ``quant_kernels.c``'s
+Q8_0 for Q8_0), and the plain reference each is tested against: gguf's dequantization, then a
+float64 matmul over the kernels' int16 activations (:func:`matmul_ref`).
+
+A weight is the file's rows of blocks, uint8 ``[N, bytes per row]``, except Q8_0, which the kernel
+reads as int8 codes ``[N, K]`` and float16 scales ``[N, K / 32]`` (:func:`q8_0_from_blocks`: the same
+bytes, split; Q5_0's blocks convert to Q8_0 exactly, :func:`q8_0_from_q5_0`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import gguf
+import numpy as np
+import torch
+
+from engine.cpu import kernels
+
+GGMLType = gguf.GGMLQuantizationType
+
+
+@dataclass(frozen=True)
+class KernelFormat:
+    """How the C kernels run one GGML type."""
+
+    name: str
+    """The format the decoder-layer structs and ``GgmlLinear.format`` carry."""
+    c_id: int
+    """Its number in the C dispatch (``tern_matmul_ggml``, layer_kernels.c)."""
+    block_elements: int
+    """Elements per block along K: K must be a multiple."""
+
+
+# The one table: GGML type -> the kernel that runs it in its own blocks (docs/engine.md, "GGUF types").
+# Q4_0/Q4_1 keep their own path (Int4Linear -> Q4CpuLinear, c_id 1 in layer_kernels.c).
+KERNEL_TYPES: dict[GGMLType, KernelFormat] = {
+    GGMLType.Q8_0: KernelFormat("q8_0", 0, 32),
+    GGMLType.Q5_0: KernelFormat("q8_0", 0, 32),  # converted exactly to Q8_0 blocks at load
+    GGMLType.Q4_K: KernelFormat("q4_k", 2, 256),
+    GGMLType.Q5_K: KernelFormat("q5_k", 3, 256),
+    GGMLType.Q6_K: KernelFormat("q6_k", 4, 256),
+}
+_KQUANT_TYPE = {GGMLType.Q4_K: 0, GGMLType.Q5_K: 1, GGMLType.Q6_K: 2}
+"""The type argument of tern_matmul_kquant."""
+
+
+def kernel_format(ggml_type: GGMLType, in_features: int) -> KernelFormat | None:
+    """The kernel for a linear of this type and width, or None (it is dequantized instead)."""
+    spec = KERNEL_TYPES.get(ggml_type)
+    if spec is None or in_features % spec.block_elements or not kernels.available():
+        return None
+    return spec
+
+
+@functools.cache
+def _lib() -> ctypes.CDLL:
+    lib = kernels._lib()
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.tern_matmul_kquant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    return lib
+
+
+def row_bytes(ggml_type: GGMLType, in_features: int) -> int:
+    block_elements, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
+    return in_features // block_elements * block_bytes
+
+
+def matmul_kquant(x: torch.Tensor, blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W Q4_K/Q5_K/Q6_K rows of blocks [N, row bytes]."""
+    x = kernels._rows(x)
+    m, k = x.shape
+    n = blocks.shape[0]
+    if (
+        blocks.dtype != torch.uint8
+        or blocks.shape[1] != row_bytes(ggml_type, k)
+        or not blocks.is_contiguous()
+    ):
+        raise kernels.KernelError(f"rows of {k} do not fit {ggml_type.name} blocks {tuple(blocks.shape)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    kernels._check(
+        _lib().tern_matmul_kquant(
+            _KQUANT_TYPE[ggml_type], x.data_ptr(), m, k, blocks.data_ptr(), n, out.data_ptr()
+        )
+    )
+    return out
+
+
+def q8_0_from_blocks(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 rows of blocks [N, K / 32 * 34] -> int8 codes [N, K] and float16 scales [N, K / 32], in
+    the blocks' own memory (rearranged in place: a view of the file's copy-on-write mapping stays
+    the only copy; the caller's array is consumed)."""
+    raw = torch.as_tensor(blocks)
+    n = raw.shape[0]
+    split = raw.reshape(n, -1, 34)
+    scales = split[..., :2].clone()
+    codes = split[..., 2:].clone()
+    flat = raw.reshape(-1) if raw.is_contiguous() else raw.contiguous().reshape(-1)
+    flat[: codes.numel()] = codes.reshape(-1)
+    flat[codes.numel() :] = scales.reshape(-1)
+    return flat[: codes.numel()].view(torch.int8).reshape(n, -1), flat[codes.numel() :].view(
+        torch.float16
+    ).reshape(n, -1)
+
+
+def q8_0_from_q5_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 rows of blocks [N, K / 32 * 22] -> Q8_0's codes and scales, exactly: a Q5_0 element is
+    d * (q - 16) with q 5 bits, so q - 16 is its int8 code under the same d."""
+    raw = torch.as_tensor(blocks)
+    n = raw.shape[0]
+    split = raw.reshape(n, -1, 22)
+    scales = split[..., :2].contiguous().view(torch.float16).reshape(n, -1)
+    high = split[..., 2:6].contiguous().view(torch.int32)  # bit j: element j's fifth bit
+    low = split[..., 6:].to(torch.int16)  # byte j: element j (low nibble), j + 16 (high)
+    nibbles = torch.cat((low & 0x0F, low >> 4), dim=-1)
+    bits = (high >> torch.arange(32, dtype=torch.int32)) & 1
+    codes = (nibbles | (bits.to(torch.int16) << 4)) - 16
+    return codes.to(torch.int8).reshape(n, -1), scales
+
+
+# -- plain references -----------------------------------------------------------------------------
+
+
+def dequantize_ref(blocks: np.ndarray | torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
+    """gguf's own dequantization: rows of blocks -> float32 [N, K]."""
+    raw = np.asarray(torch.as_tensor(blocks).numpy())
+    return torch.from_numpy(np.ascontiguousarray(gguf.quants.dequantize(raw, ggml_type), dtype=np.float32))
+
+
+def matmul_ref(x: torch.Tensor, blocks: np.ndarray | torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
+    """The kernels' arithmetic in float64: x's int16 rows (``kernels.quantize_rows_ref``) against the
+    weight dequantized by gguf."""
+    codes, scales, _ = kernels.quantize_rows_ref(x)
+    rows = codes.double() * scales.double()[:, None]
+    return (rows @ dequantize_ref(blocks, ggml_type).double().t()).float()

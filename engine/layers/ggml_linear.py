@@ -1,0 +1,126 @@
+"""Linears and embeddings on a GGUF tensor's own blocks (docs/engine.md, "GGUF types").
+
+``GgmlLinear`` runs the C kernel of its GGML type (``engine/cpu/ggml_kernels.py``, ``KERNEL_TYPES``)
+on the file's blocks: the K-quants as they are, Q8_0 split into codes and scales (Q5_0 converted to
+Q8_0 exactly). ``GgmlEmbedding`` looks rows up in the same blocks and dequantizes only them, so no
+float32 table exists beside them, tied or not. ``StackedLinear`` puts q/k/v or gate/up side by side,
+each part on its own kernel (a Q4_K_M file's v_proj is Q6_K in some layers, Q4_K in others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import gguf
+import numpy as np
+import torch
+from torch import nn
+
+from engine.cpu import ggml_kernels
+from engine.cpu import kernels as cpu_kernels
+from engine.cpu.ggml_kernels import GGMLType
+from engine.layers.quant.linear import Int4Linear
+
+
+class GgmlLinear(nn.Module):
+    """Drop-in for a float32 CPU ``nn.Linear`` whose weight is GGUF blocks of a type with a kernel."""
+
+    def __init__(
+        self, blocks: torch.Tensor, ggml_type: GGMLType, in_features: int, bias: torch.Tensor | None = None
+    ) -> None:
+        super().__init__()
+        spec = ggml_kernels.kernel_format(ggml_type, in_features)
+        if spec is None:
+            raise cpu_kernels.KernelError(f"no C kernel runs {ggml_type.name} rows of {in_features}")
+        self.ggml_type, self.format = ggml_type, spec.name
+        self.in_features, self.out_features = in_features, blocks.shape[0]
+        self.scales: torch.Tensor | None = None
+        if ggml_type == GGMLType.Q5_0:
+            self.qweight, self.scales = ggml_kernels.q8_0_from_q5_0(blocks)
+            self.ggml_type = GGMLType.Q8_0
+        elif ggml_type == GGMLType.Q8_0:
+            self.qweight, self.scales = ggml_kernels.q8_0_from_blocks(blocks)
+        else:
+            self.qweight = blocks
+        self.bias = None if bias is None else bias.detach().float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if self.scales is not None:
+            out = cpu_kernels.matmul_q8_0(rows, self.qweight, self.scales)
+        else:
+            out = ggml_kernels.matmul_kquant(rows, self.qweight, self.ggml_type)
+        if self.bias is not None:
+            out += self.bias
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the weight in float32 (the embedding lookup of a tied head)."""
+        if self.scales is not None:
+            codes, scales = self.qweight[ids], self.scales[ids]
+            return (codes.float().unflatten(-1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(-2)
+        return dequantize_rows(self.qweight, self.ggml_type, ids)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
+
+
+def dequantize_rows(blocks: torch.Tensor, ggml_type: GGMLType, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` (any shape) of a tensor of GGUF blocks, dequantized by gguf, float32 [*ids, K]."""
+    flat = ids.reshape(-1)
+    rows = blocks[flat].numpy()
+    values = np.asarray(gguf.quants.dequantize(rows, ggml_type), dtype=np.float32)
+    return torch.from_numpy(values.reshape(*ids.shape, -1))
+
+
+class GgmlEmbedding(nn.Module):
+    """Drop-in for ``nn.Embedding`` over GGUF blocks: a tied head's (``GgmlLinear``), or the file's
+    token_embd of any type gguf dequantizes. A looked-up row is what the float table would hold."""
+
+    dtype = torch.float32
+
+    def __init__(self, source: GgmlLinear | tuple[torch.Tensor, GGMLType], embedding_dim: int) -> None:
+        super().__init__()
+        self.head = source if isinstance(source, GgmlLinear) else None
+        self.blocks, self.ggml_type = (None, None) if isinstance(source, GgmlLinear) else source
+        rows = source.out_features if isinstance(source, GgmlLinear) else source[0].shape[0]
+        self.num_embeddings, self.embedding_dim = rows, embedding_dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.head is not None:
+            return self.head.dequantized_rows(ids)
+        assert self.blocks is not None and self.ggml_type is not None
+        return dequantize_rows(self.blocks, self.ggml_type, ids)
+
+    def extra_repr(self) -> str:
+        kind = self.head.format if self.head is not None else self.ggml_type.name  # type: ignore[union-attr]
+        return f"{self.num_embeddings}, {self.embedding_dim}, format={kind}"
+
+
+class StackedLinear(nn.Module):
+    """Linears that read one input, side by side in the output, each on its own kernel: q/k/v or
+    gate/up whose GGUF types differ (one weight cannot hold them). The C decoder layer runs them as
+    a chain of parts (layer_kernels.c, ``TernLinear.next``)."""
+
+    format = "stacked"
+
+    def __init__(self, parts: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([p(x) for p in self.parts], dim=-1)
+
+
+def stack_ggml_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
+    """A :class:`StackedLinear` of parts of which some are :class:`GgmlLinear` (the others ``Int4Linear``,
+    a file's Q4_0/Q4_1 blocks, which become ``Q4CpuLinear`` after); None where they cannot be stacked
+    (other kinds, widths or biases). Never one concatenated weight, even of one type: the parts are
+    views of the file's mapping, and a copy would leave their pages resident beside it."""
+    if not all(isinstance(p, GgmlLinear | Int4Linear) for p in parts):
+        return None
+    if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
+        return None
+    return StackedLinear(parts)

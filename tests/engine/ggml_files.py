@@ -1,0 +1,105 @@
+"""Random GGUF blocks of any type, and small random-weight Llama GGUFs of mixed types (a Q4_K_M file's
+mix and others) for the kernels' and the loader's tests. gguf cannot quantize to the K-quants, so the
+blocks are random bytes with finite, small float16 scales: every such block is a valid one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML
+
+Q = gguf.GGMLQuantizationType
+# byte offsets of each type's float16 scales in its block (the rest may be any bytes)
+_HALVES = {
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+    Q.Q8_0: (0,),
+    Q.Q5_0: (0,),
+    Q.Q5_1: (0, 2),
+    Q.Q4_0: (0,),
+    Q.Q4_1: (0, 2),
+}
+
+
+def random_blocks(ggml_type: Q, rows: int, width: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
+    """uint8 [rows, bytes per row] of valid random blocks of ``ggml_type`` for rows of ``width``."""
+    generator = np.random.default_rng(seed)
+    block_elements, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
+    raw = generator.integers(0, 256, size=(rows, width // block_elements, block_bytes), dtype=np.uint8)
+    # weights of order `scale / sqrt(width)`: a code times d (times a 6-bit sub-scale for the K-quants)
+    typical = scale / np.sqrt(width) / {Q.Q4_K: 300, Q.Q5_K: 600, Q.Q6_K: 1000}.get(ggml_type, 8)
+    for offset in _HALVES[ggml_type]:
+        halves = generator.uniform(0.5, 1.5, size=raw.shape[:2]) * typical
+        raw[..., offset : offset + 2] = halves.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)
+
+
+# A Q4_K_M file's mix (v and down in Q6_K), plus the other types with a kernel; 2 layers.
+MIXED_TYPES = {
+    "attn_q": Q.Q4_K,
+    "attn_k": Q.Q4_K,
+    "attn_v": Q.Q6_K,
+    "attn_output": Q.Q5_K,
+    "ffn_gate": Q.Q8_0,
+    "ffn_up": Q.Q5_0,
+    "ffn_down": Q.Q6_K,
+}
+HIDDEN, FFN, HEADS, KV_HEADS, LAYERS = 256, 512, 4, 2, 2
+
+
+def write_mixed_gguf(path: Path, types: dict[str, Q], embedding: Q, output: Q | None, seed: int = 0) -> Path:
+    """A random Llama GGUF whose linears have ``types`` (per role, every layer), the embedding
+    ``embedding`` and the output head ``output`` (None: tied to the embedding)."""
+    generator = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("mixed")
+    writer.add_block_count(LAYERS)
+    writer.add_context_length(512)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_vocab_size(len(BYTE_TOKENS))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(BYTE_TOKENS)
+    writer.add_token_types([1] * 256 + [3] * 3)
+    writer.add_token_merges([])
+    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
+    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
+    writer.add_chat_template(CHATML)
+    shapes = {
+        "attn_q": (HIDDEN, HIDDEN),
+        "attn_k": (HIDDEN // HEADS * KV_HEADS, HIDDEN),
+        "attn_v": (HIDDEN // HEADS * KV_HEADS, HIDDEN),
+        "attn_output": (HIDDEN, HIDDEN),
+        "ffn_gate": (FFN, HIDDEN),
+        "ffn_up": (FFN, HIDDEN),
+        "ffn_down": (HIDDEN, FFN),
+    }
+
+    def add(name: str, ggml_type: Q, rows: int, width: int, scale: float = 1.0) -> None:
+        seed_here = int(generator.integers(1 << 30))
+        writer.add_tensor(name, random_blocks(ggml_type, rows, width, seed_here, scale), raw_dtype=ggml_type)
+
+    add("token_embd.weight", embedding, len(BYTE_TOKENS), HIDDEN, scale=16.0)
+    for layer in range(LAYERS):
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(HIDDEN, dtype=np.float32))
+        for role, (rows, width) in shapes.items():
+            add(f"blk.{layer}.{role}.weight", types[role], rows, width)
+    writer.add_tensor("output_norm.weight", np.ones(HIDDEN, dtype=np.float32))
+    if output is not None:
+        add("output.weight", output, len(BYTE_TOKENS), HIDDEN, scale=16.0)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

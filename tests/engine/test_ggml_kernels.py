@@ -1,0 +1,146 @@
+"""The C kernels of GGUF's own blocks (Q4_K, Q5_K, Q6_K; Q8_0 and Q5_0 through Q8_0's) against the
+plain reference (gguf's dequantization, then a float64 matmul), batch- and thread-independent
+bitwise, and a small random GGUF of mixed types loaded onto them (docs/engine.md, "GGUF types")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from engine.cpu import ggml_kernels, kernels
+from engine.layers.ggml_linear import GgmlEmbedding, GgmlLinear, StackedLinear
+from engine.loader import load_model
+from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
+from tests.engine.ggml_files import MIXED_TYPES, Q, random_blocks, write_mixed_gguf
+
+pytestmark = pytest.mark.skipif(
+    not kernels.available(), reason="no C compiler: the CPU kernels cannot be built"
+)
+KQUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+
+
+@pytest.mark.parametrize("ggml_type", KQUANTS)
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_kquant_kernel_matches_the_reference(ggml_type: Q, rows: int) -> None:
+    blocks = torch.from_numpy(random_blocks(ggml_type, 37, 512, seed=rows))  # 37: a partial tile
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
+    expected = ggml_kernels.matmul_ref(x, blocks, ggml_type)
+    torch.testing.assert_close(
+        ggml_kernels.matmul_kquant(x, blocks, ggml_type), expected, rtol=1e-5, atol=1e-4
+    )
+
+
+@pytest.mark.parametrize("ggml_type", KQUANTS)
+def test_kquant_extreme_codes_and_scales_do_not_overflow(ggml_type: Q) -> None:
+    """Every byte 0xFF or 0x00 but the float16 scales: the largest codes and sub-scales the formats
+    allow (Q6_K's -32 * -128), against rows at the activation quantizer's full range."""
+    for fill in (0x00, 0xFF, 0x80):
+        blocks = torch.from_numpy(random_blocks(ggml_type, 16, 512))
+        scales = blocks.clone()
+        blocks.fill_(fill)
+        offsets = {Q.Q6_K: [208, 209]}.get(ggml_type, [0, 1, 2, 3])
+        per_block = blocks.view(16, 2, -1)
+        per_block[..., offsets] = scales.view(16, 2, -1)[..., offsets]
+        x = torch.full((2, 512), 1.0)
+        x[1] *= -1
+        expected = ggml_kernels.matmul_ref(x, blocks, ggml_type)
+        torch.testing.assert_close(
+            ggml_kernels.matmul_kquant(x, blocks, ggml_type), expected, rtol=1e-5, atol=1e-3
+        )
+
+
+@pytest.mark.parametrize("ggml_type", KQUANTS)
+def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None:
+    blocks = torch.from_numpy(random_blocks(ggml_type, 70, 768))
+    x = torch.randn(11, 768)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch = ggml_kernels.matmul_kquant(x, blocks, ggml_type)
+        torch.set_num_threads(1)
+        assert torch.equal(ggml_kernels.matmul_kquant(x, blocks, ggml_type), batch)
+    finally:
+        torch.set_num_threads(threads)
+    for i in range(x.shape[0]):
+        assert torch.equal(ggml_kernels.matmul_kquant(x[i : i + 1], blocks, ggml_type)[0], batch[i])
+        assert torch.equal(ggml_kernels.matmul_kquant(x[: i + 1], blocks, ggml_type)[i], batch[i])
+
+
+@pytest.mark.parametrize("ggml_type", [Q.Q8_0, Q.Q5_0])
+def test_q8_0_and_q5_0_blocks_run_as_q8_0_exactly(ggml_type: Q) -> None:
+    raw = random_blocks(ggml_type, 20, 256)
+    dense = ggml_kernels.dequantize_ref(raw, ggml_type)
+    linear = GgmlLinear(torch.from_numpy(raw.copy()), ggml_type, 256)
+    assert linear.format == "q8_0" and linear.scales is not None
+    # the codes and scales give gguf's dequantized weight back exactly
+    codes = linear.qweight.float().reshape(20, -1, 32) * linear.scales.float()[..., None]
+    assert torch.equal(codes.reshape(20, 256), dense)
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(linear(x), ggml_kernels.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-4)
+
+
+def test_embedding_rows_are_the_dequantized_table() -> None:
+    raw = random_blocks(Q.Q6_K, 30, 256)
+    ids = torch.tensor([[0, 29, 7], [7, 3, 3]])
+    expected = ggml_kernels.dequantize_ref(raw, Q.Q6_K)[ids]
+    assert torch.equal(GgmlEmbedding((torch.from_numpy(raw), Q.Q6_K), 256)(ids), expected)
+    head = GgmlLinear(torch.from_numpy(raw), Q.Q6_K, 256)
+    assert torch.equal(GgmlEmbedding(head, 256)(ids), expected)
+
+
+def _has_avx512() -> bool:
+    return {"avx512f", "avx512bw", "f16c"} <= set(kernels._cpu_signature().split())
+
+
+@pytest.mark.skipif(os.environ.get(kernels.AVX512_ENV) == "0", reason="this run is the AVX2 build")
+@pytest.mark.skipif(not _has_avx512(), reason="the CPU has no AVX-512: the AVX2 kernels are the ones tested")
+def test_the_kquant_tests_pass_with_the_avx2_kernels(tmp_path: Path) -> None:
+    """The kernel tests above again in a process whose kernels are built without AVX-512."""
+    env = {**os.environ, kernels.AVX512_ENV: "0", "TERN_KERNEL_CACHE": str(tmp_path)}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "kquant"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def _logits(model: nn.Module, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model.compute_logits(model(torch.tensor(ids), torch.arange(len(ids))))
+
+
+@pytest.mark.parametrize(
+    ("embedding", "output"), [(Q.Q6_K, None), (Q.Q4_K, Q.Q6_K), (Q.Q8_0, None), (Q.Q4_0, Q.Q8_0)]
+)
+def test_a_mixed_gguf_loads_in_its_own_blocks(
+    tmp_path: Path, embedding: Q, output: Q | None, one_thread: None
+) -> None:
+    """A Q4_K_M-like file (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0 linears): every linear, the head and the
+    embedding on their blocks, q/k/v and gate/up stacked as parts, the C decode layers attached;
+    logits within the int16 activations' rounding of the file dequantized to float32."""
+    path = write_mixed_gguf(tmp_path / "mixed.gguf", MIXED_TYPES, embedding, output)
+    exact = load_model(path, progress=False)
+    kept = load_model(path, progress=False, keep_gguf_int4=True, keep_gguf_blocks=True)
+    model = kept.model
+    assert isinstance(model.model.embed_tokens, GgmlEmbedding)
+    assert isinstance(model.lm_head, GgmlLinear)
+    layer = model.model.layers[0]
+    formats = {
+        name: layer.get_submodule(name).format
+        for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")
+    }
+    assert formats == {"self_attn.q_proj": "q4_k", "self_attn.v_proj": "q6_k", "mlp.up_proj": "q8_0"}
+    assert not any(type(m) is nn.Linear for m in model.modules())  # no float weight anywhere
+    ids = [3, 70, 101, 200, 12, 256, 9]
+    expected = _logits(exact.model, ids)
+    torch.testing.assert_close(_logits(model, ids), expected, rtol=0, atol=2e-3 * expected.abs().max().item())
+    assert install_cpu_kernels(model, CpuKernels.C_F32).steps_in_c
+    assert isinstance(layer.self_attn.qkv_proj, StackedLinear) and isinstance(
+        layer.mlp.gate_up_proj, StackedLinear
+    )
+    assert model.model.decode_kernel is not None
+    torch.testing.assert_close(_logits(model, ids), expected, rtol=0, atol=2e-3 * expected.abs().max().item())
