@@ -57,17 +57,22 @@ typedef struct {
 /* One row: codes, its scale and its blocks' sums. Where the row is shorter than the padded one, the
  * rest is zero. */
 static void quantize_row_i8(const float *x, int64_t K, int64_t nb, int8_t *qs, float *scale, int32_t *sums) {
+    /* compares, not fmaxf/fminf: those are calls to libm here (NaN rules), 30 instructions a value */
     float amax = 0.0f;
-    for (int64_t k = 0; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
+    for (int64_t k = 0; k < K; k++) {
+        const float a = fabsf(x[k]);
+        amax = a > amax ? a : amax;
+    }
     /* torch computes 127 / t as reciprocal(t) * 127: two roundings, here too */
-    const float s = (1.0f / fmaxf(amax, ACT_EPS)) * ACT_MAX;
+    const float s = (1.0f / (amax > ACT_EPS ? amax : ACT_EPS)) * ACT_MAX;
     for (int64_t b = 0; b < nb; b++) {
         int8_t block[QKT];
         int32_t sum = 0;
         for (int e = 0; e < QKT; e++) {
             const int64_t k = b * QKT + e;
-            const float q = k < K ? nearbyintf(x[k] * s) : 0.0f;
-            block[e] = (int8_t)fminf(fmaxf(q, -128.0f), 127.0f);
+            float q = k < K ? nearbyintf(x[k] * s) : 0.0f;
+            q = q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q);
+            block[e] = (int8_t)q;
             sum += block[e];
         }
         int8_t *out = qs + b * QKT;
@@ -134,7 +139,10 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
         }
         for (int g = 0; g < 4; g++) {
             __m512i codes[4];
-            for (int j = 0; j < CC; j++) codes[j] = _mm512_and_si512(_mm512_srli_epi16(packed[j], 2 * g), three);
+            for (int j = 0; j < CC; j++) {
+                codes[j] = _mm512_and_si512(packed[j], three);
+                packed[j] = _mm512_srli_epi16(packed[j], 2);
+            }
             for (int i = 0; i < RR; i++) {
                 const __m512i xv = _mm512_loadu_si512((const void *)(x->qs + ((r0 + i) * nb + b) * QKT + 64 * g));
                 for (int j = 0; j < CC; j++) dots[i][j] = dot_u8s8(dots[i][j], codes[j], xv);
@@ -180,32 +188,40 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
                                                                const int RR, const int CC, const int BLOCKED) {
     const int64_t nb = w->nb;
     const __m256i three = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
-    __m256i dots[4][2];
-    float totals[4][2];
+    __m256i dots[4][1];
+    float totals[4][1];
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) {
             dots[i][j] = _mm256_setzero_si256();
             totals[i][j] = 0.0f;
         }
     for (int64_t b = 0; b < nb; b++) {
-        __m256i block[4][2];
+        __m256i block[4][1];
         for (int i = 0; i < RR; i++)
             for (int j = 0; j < CC; j++) block[i][j] = _mm256_setzero_si256();
         for (int half = 0; half < 2; half++) {
-            __m256i packed[2];
+            __m256i packed[1];
             for (int j = 0; j < CC; j++) {
                 const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * BLOCK_BYTES + 32 * half;
                 _mm_prefetch((const char *)wb + T_PREFETCH_BYTES, _MM_HINT_T0);
                 packed[j] = _mm256_loadu_si256((const __m256i *)wb);
             }
             for (int g = 0; g < 4; g++) {
-                __m256i codes[2];
-                for (int j = 0; j < CC; j++) codes[j] = _mm256_and_si256(_mm256_srli_epi16(packed[j], 2 * g), three);
+                __m256i codes[1];
+                for (int j = 0; j < CC; j++) {
+                    codes[j] = _mm256_and_si256(packed[j], three);
+                    packed[j] = _mm256_srli_epi16(packed[j], 2);
+                }
                 for (int i = 0; i < RR; i++) {
                     const int8_t *xb = x->qs + ((r0 + i) * nb + b) * QKT + 128 * half + 32 * g;
                     const __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
                     for (int j = 0; j < CC; j++) block[i][j] = _mm256_add_epi16(block[i][j], _mm256_maddubs_epi16(codes[j], xv));
                 }
+                /* Each group's sums in registers before the next group's products: unconstrained, GCC
+                 * computes all 32 products of a block first and spills them (0.17 instructions a
+                 * multiply-add instead of 0.09, callgrind). */
+                for (int i = 0; i < RR; i++)
+                    for (int j = 0; j < CC; j++) __asm__ volatile("" : "+x"(block[i][j]));
             }
         }
         for (int i = 0; i < RR; i++)
@@ -234,7 +250,10 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
     }
 }
 #define T_ROWS 4
-#define T_COLUMNS 2
+/* One weight row at a time: the activations are a memory operand of vpmaddubsw, so more weight rows
+ * would not save loads, and two with their int16 and int32 sums ran out of AVX2's 16 registers
+ * (spilled: 0.158 instructions a multiply-add against 0.09 here, callgrind). */
+#define T_COLUMNS 1
 #else
 /* Portable version: the same integers and the same float operations. */
 static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, int64_t r0, int64_t n0, int64_t N,
@@ -285,7 +304,10 @@ static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, i
         }                                                                    \
     } while (0)
 
-static void ternary_tile_rows(const TernaryWeights *w, const TernaryRows *x, int64_t r_begin, int64_t r_end,
+/* Without tree reassociation: GCC otherwise turns each row's chain of integer adds into a tree over
+ * all the block's products, which it then spills (AVX2: 0.18 instructions a multiply-add instead of
+ * 0.09, callgrind). */
+__attribute__((optimize("no-tree-reassoc"))) static void ternary_tile_rows(const TernaryWeights *w, const TernaryRows *x, int64_t r_begin, int64_t r_end,
                               int64_t n_begin, int64_t n_end, int64_t N, float *out) {
     if (w->wd)
         T_ROW_LOOP(1);
