@@ -89,6 +89,15 @@ ENGINE_HEALTHY = Gauge(
     multiprocess_mode="livemin",
 )
 
+BUDGET_USED_RATIO = Gauge(
+    "tern_budget_used_ratio",
+    "A budget's settled usage over its limit in the current period, by scope "
+    "(key:<id>:tokens:day, tenant:<id>:spend:month, ...), as of the last request it settled.",
+    ["scope"],
+    registry=REGISTRY,
+    multiprocess_mode="livemax",
+)
+
 
 class Children(Generic[M]):
     """A labelled metric's children, each looked up once: ``labels()`` validates and locks on every
@@ -112,6 +121,7 @@ upstream_latency_by = Children(UPSTREAM_LATENCY)
 upstream_ttft_by = Children(UPSTREAM_TIME_TO_FIRST_TOKEN)
 limit_refusals_by = Children(LIMIT_REFUSALS)
 engine_healthy_by = Children(ENGINE_HEALTHY)
+budget_used_ratio_by = Children(BUDGET_USED_RATIO)
 
 
 def exposition() -> bytes:

@@ -23,6 +23,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from gateway.budgets.alerts import AlertSettings, BudgetAlerts, Owner, used_ratio
 from gateway.config import Settings
 from gateway.db import create_db_engine, create_sessionmaker
 from gateway.keys.auth import KeyAuthenticator
@@ -65,6 +66,8 @@ class GatewayState:
     limits_redis: Redis
     """A separate, fail-fast client: the limits must not wait on the shared one's retries."""
     request_limiter: RequestLimiter
+    budget_alerts: BudgetAlerts
+    """Audit rows and webhook calls when a budget crosses its alert threshold."""
     completion_hooks: list[CompletionHook] = field(default_factory=list)
     """Run with every finished /v1 request's outcome: limits settlement, then usage metering."""
     usage_journal: UsageJournal | None = None
@@ -94,6 +97,12 @@ def create_limits_redis(url: str) -> Redis:
     return Redis(connection_pool=pool, retry=Retry(NoBackoff(), 0))
 
 
+def _owner(scope: Scope) -> Owner:
+    kind = scope.kind.split("_")[0]
+    key_id = scope.id if kind == "key" else None
+    return Owner(scope=scope.kind, scope_name=scope.name, tenant_id=scope.tenant_id, key_id=key_id)
+
+
 def _request_limiter(
     *,
     db_engine: AsyncEngine,
@@ -101,6 +110,7 @@ def _request_limiter(
     limits_redis: Redis,
     limits_settings: LimitsSettings,
     instance_id: str,
+    alerts: BudgetAlerts,
 ) -> RequestLimiter:
     async def load_usage(scope: Scope, start: date, end: date | None) -> tuple[int, Decimal]:
         column = "key_id" if scope.kind.startswith("key") else "tenant_id"
@@ -114,6 +124,8 @@ def _request_limiter(
             settings=limits_settings,
             load_usage=load_usage,
             instance_id=instance_id,
+            on_alert=lambda scope, rule, used, day: alerts(_owner(scope), rule, used, day),
+            on_used=lambda scope, rule, used: used_ratio(_owner(scope), rule, used),
         ),
         policies=LimitPolicies(sessionmaker=sessionmaker, settings=limits_settings),
         prices=PriceBook(engine=db_engine),
@@ -167,13 +179,16 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         usage_recorder.on_recovered += [LimitsRecovery(redis=redis, liveness=liveness), ledger_recovery]
         await usage_recorder.start()
         stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
+        budget_alerts = BudgetAlerts(sessionmaker=sessionmaker, settings=AlertSettings())
         request_limiter = _request_limiter(
             db_engine=db_engine,
             sessionmaker=sessionmaker,
             limits_redis=limits_redis,
             limits_settings=limits_settings,
             instance_id=instance_id,
+            alerts=budget_alerts,
         )
+        stack.push_async_callback(request_limiter.limiter.drain_alerts)  # alerts on their way finish
         usage_hook = UsageHook(usage_recorder)
         yield GatewayState(
             settings=settings,
@@ -190,6 +205,7 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
             usage_recorder=usage_recorder,
             limits_redis=limits_redis,
             request_limiter=request_limiter,
+            budget_alerts=budget_alerts,
             completion_hooks=[request_limiter.on_complete, usage_hook],
             usage_journal=usage_hook,
         )

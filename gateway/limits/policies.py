@@ -38,7 +38,9 @@ class _Rows:
     """``for_request`` results from these rows, per key state and model (dropped with the rows)."""
 
 
-def _model_scope(kind: str, owner: str, label: str, model: str, model_limits: dict[str, Any]) -> Scope | None:
+def _model_scope(
+    kind: str, owner: str, label: str, model: str, model_limits: dict[str, Any], tenant_id: str | None
+) -> Scope | None:
     stored = model_limits.get(model)
     if not stored:
         return None
@@ -51,6 +53,7 @@ def _model_scope(kind: str, owner: str, label: str, model: str, model_limits: di
         rpm=limits.rpm_limit,
         tpm=limits.tpm_limit,
         concurrency=limits.max_concurrency,
+        tenant_id=tenant_id,
     )
 
 
@@ -125,6 +128,7 @@ class LimitPolicies:
     def _build(self, rows: _Rows, *, key: AuthenticatedKey, model: str) -> RequestLimits:
         key_label = f"API key '{key.name}'"
         key_id = str(key.key_id)
+        tenant = None if key.tenant_id is None else str(key.tenant_id)
         scopes = [
             Scope(
                 kind="key",
@@ -137,10 +141,11 @@ class LimitPolicies:
                     *_monthly(key.monthly_token_budget, rows.key.monthly_spend_budget if rows.key else None),
                     *rows.key_budgets,
                 ),
+                tenant_id=tenant,
             )
         ]
         if rows.key is not None:
-            scopes.append(_model_scope("key", key_id, key_label, model, rows.key.model_limits))
+            scopes.append(_model_scope("key", key_id, key_label, model, rows.key.model_limits, tenant))
         if key.tenant_id is not None and (rows.tenant is not None or rows.tenant_budgets):
             t = rows.tenant
             tenant_id = str(key.tenant_id)
@@ -156,10 +161,11 @@ class LimitPolicies:
                         *(_monthly(t.monthly_token_budget, t.monthly_spend_budget) if t else ()),
                         *rows.tenant_budgets,
                     ),
+                    tenant_id=tenant_id,
                 )
             )
             if t is not None:
-                scopes.append(_model_scope("tenant", tenant_id, "this tenant", model, t.model_limits))
+                scopes.append(_model_scope("tenant", tenant_id, "this tenant", model, t.model_limits, tenant))
         policy: FailurePolicy = self.settings.failure_policy
         if rows.key is not None and rows.key.failure_policy in ("closed", "open"):
             policy = rows.key.failure_policy  # type: ignore[assignment]

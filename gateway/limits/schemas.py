@@ -32,6 +32,8 @@ class Scope:
     tpm: int | None = None
     concurrency: int | None = None
     budgets: tuple[BudgetRule, ...] = ()
+    tenant_id: str | None = None
+    """The tenant the scope belongs to (for the audit row of a budget alert)."""
 
     @property
     def name(self) -> str:
