@@ -302,6 +302,61 @@ def test_playground_answer_shows_in_the_usage_chart_and_csv(
     assert int(rows[0]["prompt_tokens"]) > 0
 
 
+def test_a_budget_set_in_the_console_shows_its_bar_and_the_bar_moves_after_traffic(
+    page: Page, stack: RunningStack, admin: httpx.Client
+) -> None:
+    sign_in(page, stack.admin_key)
+    tenant = f"budget-{uuid.uuid4().hex[:6]}"
+    create_tenant(page, tenant)
+    tenant_id = next(t["id"] for t in admin.get("/admin/tenants").json()["data"] if t["name"] == tenant)
+    key = admin.post("/admin/keys", json={"tenant_id": tenant_id, "name": "budgeted", "kind": "inference"})
+    secret = key.json()["key"]
+
+    go(page, "Limits")
+    page.get_by_label("Tenant", exact=True).select_option(label=tenant)
+    form = page.get_by_role("form", name="Add budget")
+    form.get_by_label("For").select_option(label="key budgeted")
+    form.get_by_label("Period").select_option("day")
+    form.get_by_label("Amount").fill("100000")
+    form.get_by_label("Alert at (%)").fill("80")
+    form.get_by_role("button", name="Add budget").click()
+    bar = page.get_by_role("meter", name="Key budgeted: tokens per day")
+    expect(bar).to_have_attribute("aria-valuenow", "0")
+    expect(bar).to_have_attribute(
+        "aria-valuetext", re.compile(r"^0 of 100000; resets \d{4}-\d\d-\d\d 00:00:00 UTC$")
+    )
+    [saved] = admin.get("/admin/budgets", params={"tenant": tenant_id}).json()["data"]
+    assert (saved["metric"], saved["period"], saved["limit"], saved["alert_ratio"]) == (
+        "tokens",
+        "day",
+        "100000",
+        0.8,
+    )
+
+    inference = {"Authorization": f"Bearer {secret}"}
+    model = httpx.get(f"{stack.url}/v1/models", headers=inference).json()["data"][0]["id"]
+    chat = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    answer = httpx.post(f"{stack.url}/v1/chat/completions", json=chat, headers=inference, timeout=120)
+    assert answer.status_code == 200, answer.text
+    assert int(answer.headers["x-tern-budget-remaining-tokens"]) < 100000
+    used = answer.json()["usage"]["total_tokens"]
+    deadline = time.monotonic() + 30
+    while admin.get("/admin/budgets", params={"tenant": tenant_id}).json()["data"][0]["used"] != str(used):
+        assert time.monotonic() < deadline, "the request was never settled against the budget"
+        time.sleep(0.2)
+
+    go(page, "Usage")
+    page.get_by_label("Tenant", exact=True).select_option(label=tenant)
+    moved = page.get_by_role("meter", name="Key budgeted: tokens per day")
+    expect(moved).to_have_attribute("aria-valuenow", str(used))
+    expect(moved).to_have_attribute("aria-valuetext", re.compile(f"^{used} of 100000; resets "))
+
+
 def test_tenant_admin_sees_only_its_own_tenant(page: Page, stack: RunningStack, admin: httpx.Client) -> None:
     mine, theirs = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("mine", "theirs"))
     ids = {}

@@ -1,5 +1,6 @@
 // Limits and prices: whole-tenant limits, a key's extra limits, and model prices.
 import { api } from "../api.js";
+import { budgetsCard } from "../budgets.js";
 import {
   clearErrors, field, h, input, intOrNull, message, page, select, showError, table, tenantSelect, values,
 } from "../ui.js";
@@ -166,7 +167,13 @@ export default async function limits({ get, rerender }) {
     rerender();
   });
   const section = page("Limits and prices", h("div", { class: "card inline" }, field("Tenant", tenantPicker)));
-  if (chosenTenant) section.append(await tenantLimitsForm(chosenTenant), await keyLimitsForm(get, chosenTenant));
+  if (chosenTenant) {
+    section.append(
+      await budgetsCard(get, chosenTenant, { editable: true, rerender }),
+      await tenantLimitsForm(chosenTenant),
+      await keyLimitsForm(get, chosenTenant),
+    );
+  }
   section.append(await pricesCard(get, rerender));
   return section;
 }

@@ -1,6 +1,7 @@
 // Usage and billing: a chart over time by model or key, the rows behind it (and their CSV),
 // and a tenant's monthly bill. All from /admin/reports.
 import { request } from "../api.js";
+import { budgetsCard } from "../budgets.js";
 import { barChart } from "../chart.js";
 import { field, h, input, message, page, select, table, tenantSelect } from "../ui.js";
 
@@ -160,7 +161,12 @@ export default async function usage({ get }) {
   const { form, out, show } = usageCard(get);
   form.prepend(field("Tenant", tenantPicker));
   const billing = billingCard(tenantPicker);
+  const budgets = h("div");
+  const showBudgets = async () => {
+    budgets.replaceChildren(tenantPicker.value ? await budgetsCard(get, tenantPicker.value) : "");
+  };
   tenantPicker.addEventListener("change", billing.show);
-  await Promise.all([show(), billing.show()]);
-  return page("Usage", form, out, billing.card);
+  tenantPicker.addEventListener("change", showBudgets);
+  await Promise.all([show(), billing.show(), showBudgets()]);
+  return page("Usage", budgets, form, out, billing.card);
 }
