@@ -33,6 +33,8 @@ int tern_q4_1_tiled(void);
 int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const uint16_t *wd, int64_t N,
                      float *out);
 /* type 0 Q4_K, 1 Q5_K, 2 Q6_K; w [N, K/256] super-blocks as GGUF stores them (kquant_kernels.c). */
+int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
+                    int64_t N, float *out);
 int tern_matmul_kquant(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,

@@ -7,6 +7,7 @@
  *   hidden += o_proj(attention(rotary(qkv_proj(rms_norm(hidden)))))    (K/V stored in the cache)
  *   hidden += down_proj(silu(gate) * up), gate | up = gate_up_proj(rms_norm(hidden))
  *
+ * (a BitNet b1.58 layer: an RMSNorm before o_proj and before down_proj, squared ReLU or SiLU),
  * with the same kernels and the same float32 arithmetic as the torch path of the layer
  * (engine/models/llama.py with ``c_kernel`` set), so a row comes out bit for bit the same either
  * way, and the engine may take this path for pure decode steps and the other for mixed ones
@@ -87,9 +88,10 @@ typedef struct TernLinear {
     int64_t out_features, in_features;
     int32_t format; /* FORMAT_* below: engine/cpu/ggml_kernels.py, KERNEL_TYPES */
     const struct TernLinear *next; /* parts of different formats stacked (q/k/v, gate/up): next's columns follow */
+    const float *row_scales; /* ternary: [N] float32, or NULL where `scales` holds its [N, K/256] block scales */
 } TernLinear;
 
-enum { FORMAT_Q8_0 = 0, FORMAT_Q4_1 = 1, FORMAT_Q4_K = 2, FORMAT_Q5_K = 3, FORMAT_Q6_K = 4 };
+enum { FORMAT_Q8_0 = 0, FORMAT_Q4_1 = 1, FORMAT_Q4_K = 2, FORMAT_Q5_K = 3, FORMAT_Q6_K = 4, FORMAT_TQ2_0 = 5 };
 
 typedef struct {
     TernLinear qkv, o, gate_up, down;
@@ -99,6 +101,10 @@ typedef struct {
     void *k_cache, *v_cache; /* [num_blocks, block_size, kv_heads, head_dim] */
     int32_t half;            /* caches in float16 */
     int64_t block_size;
+    /* BitNet b1.58 (engine/models/bitnet.py): RMSNorms before o_proj and down_proj (NULL: a Llama layer),
+     * and squared ReLU for SiLU where relu2 */
+    const float *attn_sub_norm, *ffn_sub_norm;
+    int32_t relu2;
 } TernDecoderLayer;
 
 /* One part's kernel: the one place in C that maps a format to its matmul. */
@@ -109,6 +115,9 @@ static int part(const TernLinear *w, const float *x, int64_t M, float *out) {
     case FORMAT_Q4_1: return tern_matmul_q4_1(x, M, K, (const uint8_t *)w->qweight, w->scales, w->mins, N, out);
     case FORMAT_Q4_K: case FORMAT_Q5_K: case FORMAT_Q6_K:
         return tern_matmul_kquant(w->format - FORMAT_Q4_K, x, M, K, (const uint8_t *)w->qweight, N, out);
+    case FORMAT_TQ2_0:
+        return tern_matmul_tq2(x, M, K, (const uint8_t *)w->qweight, w->row_scales, w->row_scales ? NULL : w->scales,
+                               N, out);
     default: return -2;
     }
 }
@@ -143,6 +152,15 @@ static int linear(const TernLinear *w, const float *x, int64_t M, float *out) {
         column += p->out_features;
     }
     return status;
+}
+
+/* out [M, I] = relu(gate)^2 * up for gate | up side by side in rows of 2I: torch's F.relu(gate).square() * up */
+static void relu2_mul(const float *gate_up, int64_t M, int64_t I, float *out) {
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t i = 0; i < I; i++) {
+            const float g = gate_up[r * 2 * I + i], relu = g > 0.0f ? g : 0.0f;
+            out[r * I + i] = relu * relu * gate_up[r * 2 * I + I + i];
+        }
 }
 
 static void add_rows(float *hidden, const float *x, int64_t count) {
@@ -202,12 +220,17 @@ static int decoder_layer(const TernDecoderLayer *L, float *hidden, int64_t M, in
     for (int64_t r = 0; r < M; r++) memcpy(ws->q + r * H * D, ws->qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
     status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens,
                                          M, H, KVH, D, L->block_size, L->scale, ws->attended);
+    if (status == 0 && L->attn_sub_norm) tern_rms_norm(ws->attended, L->attn_sub_norm, M, H * D, L->eps, ws->attended);
     if (status || (status = linear(&L->o, ws->attended, M, ws->projected))) return status;
     add_rows(hidden, ws->projected, M * E);
 
     tern_rms_norm(hidden, L->post_norm, M, E, L->eps, ws->normed);
     if ((status = linear(&L->gate_up, ws->normed, M, ws->gate_up))) return status;
-    tern_silu_mul(ws->gate_up, ws->gate_up + I, M, I, 2 * I, ws->activated);
+    if (L->relu2)
+        relu2_mul(ws->gate_up, M, I, ws->activated);
+    else
+        tern_silu_mul(ws->gate_up, ws->gate_up + I, M, I, 2 * I, ws->activated);
+    if (L->ffn_sub_norm) tern_rms_norm(ws->activated, L->ffn_sub_norm, M, I, L->eps, ws->activated);
     if ((status = linear(&L->down, ws->activated, M, ws->projected))) return status;
     add_rows(hidden, ws->projected, M * E);
     return 0;

@@ -45,6 +45,16 @@ class TernaryCpuLinear(nn.Module):
         self.block_scales = None if block_scales is None else block_scales.half().contiguous()
         self.bias = None if bias is None else bias.detach().float()
 
+    @property
+    def qweight(self) -> torch.Tensor:
+        """The codes, under the name the C decoder layer reads every linear's weight by."""
+        return self.codes
+
+    @property
+    def scales(self) -> torch.Tensor | None:
+        """The block scales (None with row scales), under the C decoder layer's name."""
+        return self.block_scales
+
     @classmethod
     def from_ternary(cls, weight: TernaryWeight, bias: torch.Tensor | None = None) -> TernaryCpuLinear:
         row_scales = torch.full((weight.out_features,), weight.scale, dtype=torch.float32)

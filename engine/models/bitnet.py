@@ -25,7 +25,7 @@ from engine.layers.norm import RMSNorm
 from engine.layers.quant.formats import ternary_from_bitnet
 from engine.layers.quant.weights import TernaryWeight
 from engine.model_config import ModelConfig
-from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
 PACKED_WEIGHT_SUFFIX = ".weight"
 WEIGHT_SCALE_SUFFIX = ".weight_scale"
@@ -41,21 +41,23 @@ class BitNetAttention(LlamaAttention):
         return self.o_proj(self.attn_sub_norm(out.reshape(hidden.shape[0], self.num_heads * self.head_dim)))
 
 
-class BitNetMLP(nn.Module):
+class BitNetMLP(LlamaMLP):
+    """Llama's gated MLP (gate and up stacked when served) with an RMSNorm before ``down_proj`` and
+    squared ReLU for SiLU (SiLU where the config says so: a GGUF of architecture ``bitnet``)."""
+
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        hidden, inner = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, inner, bias=False)
-        self.up_proj = nn.Linear(hidden, inner, bias=False)
-        self.down_proj = nn.Linear(inner, hidden, bias=False)
-        self.ffn_sub_norm = RMSNorm(inner, config.rms_norm_eps)
-        self.silu = config.hidden_act == "silu"
+        super().__init__(config)
+        self.ffn_sub_norm = RMSNorm(config.intermediate_size, config.rms_norm_eps)
+        self.relu2 = config.hidden_act == "relu2"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate = self.gate_proj(x)
-        # squared ReLU (transformers' BitNet); SiLU for a GGUF, as llama.cpp's "bitnet" graph has it
-        activated = F.silu(gate) if self.silu else F.relu(gate).square()
-        return self.down_proj(self.ffn_sub_norm(activated * self.up_proj(x)))
+        if self.gate_up_proj is None:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        # the C decoder layer's relu2_mul computes the same (layer_kernels.c)
+        activated = F.relu(gate).square() * up if self.relu2 else self.act(gate, up)
+        return self.down_proj(self.ffn_sub_norm(activated))
 
 
 class BitNetDecoderLayer(LlamaDecoderLayer):

@@ -24,10 +24,12 @@ from engine.cpu.ggml_kernels import KERNEL_TYPES
 from engine.layers.attention_backends import CDecode
 from engine.layers.context import get_context
 from engine.layers.ggml_linear import StackedLinear
+from engine.layers.ternary_linear import TernaryCpuLinear
+from engine.models.bitnet import BitNetAttention, BitNetDecoderLayer, BitNetMLP
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 # format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
-_FORMATS = {"q4_1": 1} | {spec.name: spec.c_id for spec in KERNEL_TYPES.values()}
+_FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {spec.name: spec.c_id for spec in KERNEL_TYPES.values()}
 
 
 class _Linear(ctypes.Structure):
@@ -43,6 +45,7 @@ _Linear._fields_ = [
     ("in_features", ctypes.c_int64),
     ("format", ctypes.c_int32),
     ("next", ctypes.POINTER(_Linear)),  # a StackedLinear's next part, or NULL
+    ("row_scales", ctypes.c_void_p),  # ternary: [N] float32, or NULL (block scales in `scales`)
 ]
 
 
@@ -64,6 +67,9 @@ class _Layer(ctypes.Structure):
         ("v_cache", ctypes.c_void_p),
         ("half", ctypes.c_int32),
         ("block_size", ctypes.c_int64),
+        ("attn_sub_norm", ctypes.c_void_p),  # BitNet only, else NULL
+        ("ffn_sub_norm", ctypes.c_void_p),
+        ("relu2", ctypes.c_int32),
     ]
 
 
@@ -95,17 +101,27 @@ def _linear(module: nn.Module, keep: list[_Linear]) -> _Linear:
         module.in_features,
         _FORMATS[module.format],
         None,
+        address(getattr(module, "row_scales", None)),
     )
+
+
+_LAYER_TYPES = {
+    LlamaDecoderLayer: (LlamaAttention, LlamaMLP),
+    BitNetDecoderLayer: (BitNetAttention, BitNetMLP),
+}
 
 
 def supports(layer: nn.Module) -> bool:
     """Whether the C layer computes exactly what ``layer``'s torch path does."""
-    if type(layer) is not LlamaDecoderLayer:
+    if type(layer) not in _LAYER_TYPES:
         return False
     attention, mlp = layer.self_attn, layer.mlp
+    if isinstance(layer, BitNetDecoderLayer):
+        sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
+        if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
+            return False
     return (
-        type(attention) is LlamaAttention
-        and type(mlp) is LlamaMLP
+        (type(attention), type(mlp)) == _LAYER_TYPES[type(layer)]
         and _on_c_kernel(attention.qkv_proj)
         and _on_c_kernel(attention.o_proj)
         and _on_c_kernel(mlp.gate_up_proj)
@@ -140,7 +156,17 @@ def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
         v_cache.data_ptr(),
         int(k_cache.dtype == torch.float16),
         k_cache.shape[1],
+        *_bitnet_fields(layer),
     )
+
+
+def _bitnet_fields(layer: LlamaDecoderLayer) -> tuple[int | None, int | None, int]:
+    """A BitNet layer's sub-norms and activation (engine/models/bitnet.py); NULLs for a Llama layer."""
+    if not isinstance(layer, BitNetDecoderLayer):
+        return None, None, 0
+    attention, mlp = layer.self_attn, layer.mlp
+    assert isinstance(attention, BitNetAttention) and isinstance(mlp, BitNetMLP)
+    return attention.attn_sub_norm.weight.data_ptr(), mlp.ffn_sub_norm.weight.data_ptr(), int(mlp.relu2)
 
 
 class DecoderLayersKernel:

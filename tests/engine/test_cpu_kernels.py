@@ -285,7 +285,12 @@ def test_a_tied_q8_0_embedding_is_looked_up_from_the_lm_head_blocks(q8_table: bo
 def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bias: bool) -> None:
     """A decode step through the one-call C layers gives exactly what the layers' torch path (the
     same kernels, op by op) gives, so the engine may mix the two from step to step."""
-    model = fast_tiny_model(attention_bias)
+    assert_decoder_kernel_is_the_torch_path(fast_tiny_model(attention_bias))
+
+
+def assert_decoder_kernel_is_the_torch_path(model: nn.Module) -> None:
+    """Decode rows through ``model``'s one-call C layers equal its layers' torch path, bit for bit; a
+    layer handed another cache is written there (tests/engine/test_ternary_models.py uses it too)."""
     layers = model.model.layers
     kernel = model.model.decode_kernel
     assert isinstance(kernel, DecoderLayersKernel) and kernel.layers == list(layers)
@@ -296,7 +301,7 @@ def test_decoder_layer_kernel_is_the_layers_torch_path_bit_for_bit(attention_bia
     for i, attn in enumerate(attention):
         attn.k_cache, attn.v_cache = cache[0, i], cache[1, i]
     tables = [[3, 7, 1], [0], [5, 2]]
-    prompts = [torch.randint(0, 259, (n,)) for n in (10, 3, 6)]
+    prompts = [torch.randint(0, model.config.vocab_size, (n,)) for n in (10, 3, 6)]
 
     def run(sequences: list[int], ids: list[list[int]], starts: list[int]) -> Tensor:
         """New tokens ``ids[i]`` of each sequence ``sequences[i]`` from position ``starts[i]`` on."""

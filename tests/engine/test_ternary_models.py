@@ -20,7 +20,9 @@ from engine.cpu import kernels, ternary
 from engine.layers.quant.linear import TernaryLinear
 from engine.layers.ternary_linear import TernaryCpuLinear
 from engine.loader import load_model
+from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from tests.engine.test_bitnet_parity import eager_transformers, hf_bitnet_model  # noqa: F401
+from tests.engine.test_cpu_kernels import assert_decoder_kernel_is_the_torch_path
 from tests.engine.test_engine import request, run, tokens_of
 from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML, llama_cpp_permute
 from tests.engine.test_quant_checkpoint import save_dir
@@ -243,3 +245,27 @@ def test_the_engine_serves_a_bitnet_checkpoint_on_the_ternary_kernel_by_default(
         for engine in (fast, exact)
     ]
     assert outputs[0] == outputs[1]
+
+
+@pytest.mark.parametrize(("architecture", "qtype"), [("llama", Q.TQ2_0), ("bitnet", Q.TQ1_0)])
+def test_a_decode_step_in_one_c_call_is_the_torch_path_bit_for_bit(
+    tmp_path: Path, architecture: str, qtype: Q
+) -> None:
+    """The fast path's one-call C decoder layers take ternary linears (and a BitNet layer's sub-norms and
+    activation): the same rows as the layers' torch path, so steps may take either."""
+    path = write_ternary_gguf(tmp_path / f"tiny.{qtype.name}.gguf", architecture, qtype, shared_scales=False)
+    model = load_model(path, progress=False, keep_gguf_int4=True).model
+    assert install_cpu_kernels(model, CpuKernels.C_F32).steps_in_c
+    layer = model.model.layers[0]
+    assert isinstance(layer.self_attn.qkv_proj, TernaryCpuLinear)
+    assert isinstance(layer.mlp.gate_up_proj, TernaryCpuLinear)
+    assert_decoder_kernel_is_the_torch_path(model)
+
+
+def test_a_bitnet_checkpoints_layers_run_in_one_c_call_with_squared_relu(
+    bitnet_dir: tuple[Path, Any],
+) -> None:
+    model = load_model(bitnet_dir[0], "cpu", torch.float32, progress=False, keep_gguf_int4=True).model
+    assert model.model.layers[0].mlp.relu2
+    assert install_cpu_kernels(model, CpuKernels.C_F32).steps_in_c
+    assert_decoder_kernel_is_the_torch_path(model)
