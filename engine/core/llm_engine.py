@@ -5,7 +5,8 @@ a benchmark, a test) calls :meth:`add_request`, :meth:`abort_request` and
 :meth:`step`. It speaks its own types (``engine/core/outputs.py``): requests come
 in tokenised, and each step returns plain :class:`RequestOutput` data (token ids,
 text deltas, finish reasons, logprobs) that the serving layer turns into frames.
-Detokenisation and stop strings stay here, since they decide when a choice ends.
+Turning a sampled token into a delta (detokenising, stop strings, tool calls, whether the
+choice ends) is ``engine/core/assembly.py``'s job; the engine ends the choices it says are done.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import dataclass, field
 from typing import cast
 
 import torch
@@ -22,53 +22,27 @@ from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
 from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.config import EngineConfig
+from engine.core.assembly import ChoiceState, RequestState
 from engine.core.model_runner import CausalLM, ModelRunner
 from engine.core.outputs import (
     ChoiceDelta,
     EngineRequest,
     ErrorKind,
     FinishReason,
-    Logprob,
     RequestError,
     RequestOutput,
-    RequestUsage,
 )
 from engine.core.sampler import SampledToken
 from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.speculative import NgramSpeculator
-from engine.core.stopping import StopStringMatcher
 from engine.layers.packed_linear import activation_dtype
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
-from engine.structured.grammar import GrammarCompiler, grammar_complete
-from engine.structured.tool_calls import ToolCallParser
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from engine.structured.grammar import GrammarCompiler
+from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(eq=False)
-class _Choice:
-    """Output-side state of one choice: text assembly and the finish reason."""
-
-    detokenizer: IncrementalDetokenizer
-    stop: StopStringMatcher
-    tools: ToolCallParser | None = None
-    seq: Sequence | None = None
-    finish_reason: FinishReason | None = None
-    num_tokens: int = 0
-
-
-@dataclass(eq=False)
-class _Request:
-    request: EngineRequest
-    choices: list[_Choice]
-    arrival_time: float = field(default_factory=time.monotonic)
-
-    @property
-    def finished(self) -> bool:
-        return all(c.finish_reason is not None for c in self.choices)
 
 
 class LLMEngine:
@@ -119,7 +93,7 @@ class LLMEngine:
             else None
         )
         self.grammars = GrammarCompiler(tokenizer, vocab_size=model_config.vocab_size, metrics=self.metrics)
-        self._requests: dict[str, _Request] = {}
+        self._requests: dict[str, RequestState] = {}
         self._update_gauges()
 
     @classmethod
@@ -154,17 +128,9 @@ class LLMEngine:
         sampling = request.sampling
         room = self.max_model_len - len(prompt)
         max_tokens = room if sampling.max_tokens is None else min(sampling.max_tokens, room)
-        choices = [
-            _Choice(
-                IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt),
-                StopStringMatcher(list(sampling.stop)),
-                tools=request.tool_parser() if request.tool_parser else None,
-            )
-            for _ in range(sampling.n)
-        ]
-        state = _Request(request, choices)
+        state = RequestState.start(request, self.tokenizer)
         first = self._new_sequence(state, index=0, max_tokens=max_tokens)
-        choices[0].seq = first
+        state.choices[0].seq = first
         self._requests[request.request_id] = state
         self.scheduler.add(first)
         self._update_gauges()
@@ -183,7 +149,7 @@ class LLMEngine:
         if any(not 0 <= t < vocab for t in prompt):
             raise RequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
 
-    def _new_sequence(self, state: _Request, *, index: int, max_tokens: int) -> Sequence:
+    def _new_sequence(self, state: RequestState, *, index: int, max_tokens: int) -> Sequence:
         sampling = state.request.sampling
         generator = torch.Generator(device=self.device)
         if sampling.seed is not None:
@@ -287,76 +253,30 @@ class LLMEngine:
             self.metrics.inter_token_latency.observe(now - seq.last_token_time)
         seq.last_token_time = now
 
-    def _fork_choices(self, state: _Request, parent: Sequence) -> None:
+    def _fork_choices(self, state: RequestState, parent: Sequence) -> None:
         """Start choices 1..n-1 once choice 0 has its prompt cached: they share its full prompt blocks."""
         for index in range(1, len(state.choices)):
             child = self._new_sequence(state, index=index, max_tokens=parent.max_tokens)
             state.choices[index].seq = child
             self.scheduler.add_forked(child, parent)
 
-    def _emit(self, state: _Request, seq: Sequence, token: SampledToken) -> ChoiceDelta:
-        """Turn one sampled token into a delta, deciding whether the choice is done."""
+    def _emit(self, state: RequestState, seq: Sequence, token: SampledToken) -> ChoiceDelta:
+        """One sampled token as a delta (engine/core/assembly.py); a finishing one ends its choice."""
         choice = state.choices[seq.index]
-        sampling = seq.sampling
-        token_id = token.token_id
-        choice.num_tokens += 1
-        reason: FinishReason | None = None
-        text = ""
-        if token_id in sampling.stop_token_ids or (
-            not sampling.ignore_eos and token_id in self.tokenizer.eos_token_ids
-        ):
-            reason = "stop"
-        else:
-            text = choice.stop.feed(choice.detokenizer.push(token_id))
-            if choice.stop.stopped:
-                reason = "stop"
-        if reason is None and seq.matcher is not None and grammar_complete(seq.matcher, token_id):
-            reason = "stop"
-        if reason is None and choice.num_tokens >= seq.max_tokens:  # counted as emitted: drafts run ahead
-            reason = "length"
-        if reason is not None and not choice.stop.stopped:
-            # Ending for another reason: release held-back text (a UTF-8 tail, a partial stop string).
-            text += choice.stop.feed(choice.detokenizer.flush())
-            text += choice.stop.flush()
-            if choice.stop.stopped:
-                reason = "stop"
-        tool_calls = None
-        if choice.tools is not None:
-            text = choice.tools.feed(text)
-            if reason is not None:
-                rest, tool_calls = choice.tools.finish()
-                text += rest
-                if tool_calls and reason == "stop":
-                    reason = "tool_calls"
-        delta = ChoiceDelta(
-            index=seq.index,
-            token_ids=[token_id],
-            text=text,
-            tool_calls=tool_calls or None,
-            finish_reason=reason,
-        )
-        if token.logprob is not None:
-            delta.logprobs = [Logprob(token_id, token.logprob, list(token.top_logprobs or []))]
-        if reason is not None:
-            self._finish_choice(choice, reason)
+        delta = choice.emit(seq, token, self.tokenizer.eos_token_ids)
+        if delta.finish_reason is not None:
+            self._finish_choice(choice, delta.finish_reason)
         return delta
 
-    def _finish_choice(self, choice: _Choice, reason: FinishReason) -> None:
+    def _finish_choice(self, choice: ChoiceState, reason: FinishReason) -> None:
         choice.finish_reason = reason
         if choice.seq is not None and not choice.seq.is_finished:
             self.scheduler.finish(choice.seq)
 
-    def _close_request(self, state: _Request, out: RequestOutput) -> None:
-        reasons: list[FinishReason] = [c.finish_reason or "abort" for c in state.choices]
-        first = state.choices[0].seq
-        out.usage = RequestUsage(
-            finish_reasons=reasons,
-            prompt_tokens=len(state.request.prompt_token_ids),
-            cached_tokens=first.num_cached_tokens if first else 0,
-            completion_tokens=sum(c.num_tokens for c in state.choices),
-        )
+    def _close_request(self, state: RequestState, out: RequestOutput) -> None:
+        out.usage = state.usage()
         del self._requests[state.request.request_id]
-        self.metrics.requests_finished.labels(finish_reason=reasons[0]).inc()
+        self.metrics.requests_finished.labels(finish_reason=out.usage.finish_reason).inc()
 
     def _update_gauges(self) -> None:
         free = self.block_manager.num_free_blocks

@@ -1,9 +1,10 @@
 """Owns the model and its KV-cache pool; runs one scheduled step and samples.
 
-It sizes the pool from the memory budget, hands each attention layer its slice
-of the pool, and for every step packs the scheduled sequences' new tokens into
-one flat batch, describes the batch in a :class:`Context` and runs the model.
-Only sequences whose last token is computed this step get logits and a sample.
+It sizes the pool from the memory budget and hands each attention layer its slice
+of the pool. A step is :meth:`ModelRunner.prepare` (the scheduled sequences' new
+tokens packed into one flat batch, described in a :class:`Context`), :meth:`forward`
+(the model over it) and :meth:`sample` (logits and tokens): only sequences whose
+last token is computed this step get logits and a sample.
 """
 
 from __future__ import annotations
@@ -12,17 +13,19 @@ import logging
 import math
 import mmap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 from torch import nn
 
 from engine.config import KV_TOKENS_PER_SEQ, EngineConfig
-from engine.core.sampler import SampledToken, sample
+from engine.core.sampler import SampledToken
+from engine.core.sampler import sample as sample_rows
 from engine.core.scheduler import SchedulerOutput
 from engine.core.speculative import verify
 from engine.layers.attention import Attention
-from engine.layers.context import make_context, reset_context, set_context
+from engine.layers.context import Context, make_context, reset_context, set_context
 from engine.model_config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -127,11 +130,20 @@ class ModelRunner:
         """Compute the batch's new tokens. A sequence whose last token is computed gets one sampled
         token, or with draft tokens (speculative decoding) the drafts it keeps and one more; the
         others (prompts still being prefilled) get none."""
-        if batch.block_copies:
-            src = torch.tensor([s for s, _ in batch.block_copies], device=self.device)
-            dst = torch.tensor([d for _, d in batch.block_copies], device=self.device)
+        self.copy_blocks(batch.block_copies)
+        step = self.prepare(batch)
+        hidden = self.forward(step)
+        return self.sample(batch, step, hidden)
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        """Copy-on-write of whole KV blocks (src, dst) the scheduler asked for, before the forward."""
+        if copies:
+            src = torch.tensor([s for s, _ in copies], device=self.device)
+            dst = torch.tensor([d for _, d in copies], device=self.device)
             self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
 
+    def prepare(self, batch: SchedulerOutput) -> PreparedStep:
+        """Pack the scheduled sequences' new tokens into one flat batch and describe it for attention."""
         bs = self.block_size
         input_ids: list[int] = []
         positions: list[int] = []
@@ -164,33 +176,40 @@ class ModelRunner:
                 query_lens.append(n)
                 context_lens.append(end)
                 block_tables.append(table)
-
-        set_context(
-            make_context(
-                query_lens=query_lens,
-                context_lens=context_lens,
-                block_tables=block_tables,
-                slot_mapping=slots,
-                device=self.device,
-            )
+        context = make_context(
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=block_tables,
+            slot_mapping=slots,
+            device=self.device,
         )
+        return PreparedStep(input_ids, positions, context, sampling, logit_rows)
+
+    def forward(self, step: PreparedStep) -> torch.Tensor:
+        """The model over the flat batch, with the step's context set for attention: hidden [T, H]."""
+        set_context(step.context)
         try:
-            ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-            pos = torch.tensor(positions, dtype=torch.long, device=self.device)
-            hidden = self.model(ids, pos)
+            ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)
+            pos = torch.tensor(step.positions, dtype=torch.long, device=self.device)
+            return self.model(ids, pos)
         finally:
             reset_context()
 
+    def sample(
+        self, batch: SchedulerOutput, step: PreparedStep, hidden: torch.Tensor
+    ) -> list[list[SampledToken]]:
+        """Logits for the rows that need them, then one batched sample for the sequences without
+        drafts and a verification for each sequence with drafts."""
         results: list[list[SampledToken]] = [[] for _ in batch.seqs]
-        if not sampling:
+        if not step.sampling:
             return results
-        if len(logit_rows) < hidden.shape[0]:  # else every row is a sampled decode: use them all as is
-            hidden = hidden[torch.tensor(logit_rows, device=self.device)]
+        if len(step.logit_rows) < hidden.shape[0]:  # else every row is a sampled decode: use them all as is
+            hidden = hidden[torch.tensor(step.logit_rows, device=self.device)]
         logits = self.model.compute_logits(hidden).float()
         plain: list[int] = []  # sequences without drafts: one batched sample
         plain_rows: list[int] = []
         row = 0
-        for i in sampling:
+        for i in step.sampling:
             seq = batch.seqs[i]
             if seq.draft_token_ids:
                 k = len(seq.draft_token_ids)
@@ -206,9 +225,23 @@ class ModelRunner:
                 if len(plain_rows) == logits.shape[0]
                 else logits[torch.tensor(plain_rows, device=logits.device)]
             )
-            for i, token in zip(plain, sample(rows, [batch.seqs[i] for i in plain]), strict=True):
+            for i, token in zip(plain, sample_rows(rows, [batch.seqs[i] for i in plain]), strict=True):
                 results[i] = [token]
         return results
+
+
+@dataclass
+class PreparedStep:
+    """One step's flat batch, as :meth:`ModelRunner.prepare` packed it."""
+
+    input_ids: list[int]
+    positions: list[int]
+    context: Context
+    """What attention reads: slots, block tables, lengths (engine/layers/context.py)."""
+    sampling: list[int]
+    """Indexes (in the batch) of the sequences that sample this step."""
+    logit_rows: list[int]
+    """Rows of the flat batch that need logits, in sampling order (a sequence's drafts and its last)."""
 
 
 def _zeroed_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
