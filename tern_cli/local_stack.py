@@ -8,23 +8,15 @@ did set always win: a production operator points ``TERN_DATABASE_URL`` at the re
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-DATA_DIR_ENV = "TERN_DATA_DIR"
-DEFAULT_DATA_DIR = Path(".tern")
+from tern_stack.run_file import RunInfo, default_data_dir, read_run_info, run_file
 
 DATABASE_URL_ENV = ("TERN_DATABASE_URL", "DATABASE_URL")
 REDIS_URL_ENV = ("TERN_REDIS_URL", "REDIS_URL")
 SECRET_ENV = "TERN_SECRET"
-
-
-def default_data_dir() -> Path:
-    """``TERN_DATA_DIR`` or ``.tern``, exactly as ``tern up`` chooses it."""
-    return Path(os.environ.get(DATA_DIR_ENV) or DEFAULT_DATA_DIR)
 
 
 def _env(*names: str) -> str | None:
@@ -43,14 +35,11 @@ class LocalStack:
 
     @property
     def run_file(self) -> Path:
-        return self.data_dir / "run.json"
+        return run_file(self.data_dir)
 
-    def run_info(self) -> dict[str, Any] | None:
+    def run_info(self) -> RunInfo | None:
         """``run.json`` if a ``tern up`` is running (it deletes the file when it stops)."""
-        try:
-            return dict(json.loads(self.run_file.read_text()))
-        except (OSError, ValueError):
-            return None
+        return read_run_info(self.data_dir)
 
     def file_path(self, name: str) -> Path:
         return self.data_dir / name
@@ -64,16 +53,16 @@ class LocalStack:
 
     def gateway_url(self) -> str | None:
         info = self.run_info()
-        return None if info is None else str(info["gateway_url"])
+        return None if info is None else info.gateway_url
 
     def settings_overrides(self) -> dict[str, str]:
         """Gateway settings to take from this stack: only those the environment does not set."""
         overrides: dict[str, str] = {}
         info = self.run_info()
-        if info is not None and _env(*DATABASE_URL_ENV) is None:
-            overrides["database_url"] = str(info["postgres_dsn"])
-        if info is not None and _env(*REDIS_URL_ENV) is None and info.get("redis_url"):
-            overrides["redis_url"] = str(info["redis_url"])
+        if info is not None and _env(*DATABASE_URL_ENV) is None and info.postgres_dsn:
+            overrides["database_url"] = info.postgres_dsn
+        if info is not None and _env(*REDIS_URL_ENV) is None and info.redis_url:
+            overrides["redis_url"] = info.redis_url
         secret = self.read("secret")
         if secret is not None and _env(SECRET_ENV) is None:
             overrides["secret"] = secret

@@ -65,16 +65,14 @@ def collect(stack: LocalStack) -> dict[str, Any]:
     if info is None:
         return status
     status.update(
-        gateway_url=info["gateway_url"],
-        engine_urls=info.get("engine_urls", []),
-        postgres_dsn=info.get("postgres_dsn"),
-        redis_url=info.get("redis_url"),
-        ready_after_s=info.get("ready_after_s"),
-        processes={
-            name: {"pid": pid, "alive": process_alive(pid)} for name, pid in info.get("pids", {}).items()
-        },
-        gateway=probe(f"{info['gateway_url']}/readyz"),
-        engines=[probe(f"{parse_engine_url(url).url}/health") for url in info.get("engine_urls", [])],
+        gateway_url=info.gateway_url,
+        engine_urls=info.engine_urls,
+        postgres_dsn=info.postgres_dsn,
+        redis_url=info.redis_url,
+        ready_after_s=info.ready_after_s,
+        processes={name: {"pid": pid, "alive": process_alive(pid)} for name, pid in info.pids.items()},
+        gateway=probe(f"{info.gateway_url}/readyz"),
+        engines=[probe(f"{parse_engine_url(url).url}/health") for url in info.engine_urls],
     )
     status["ready"] = status["gateway"]["status"] == 200
     return status

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from tern_stack.processes import StopRequested
+from tern_stack.run_file import default_data_dir
 from tern_stack.services import ServiceError
 from tern_stack.up import DEFAULT_GATEWAY_PORT, READY_TIMEOUT_S, StackError, UpOptions, up
 
@@ -39,7 +40,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=Path(os.environ.get("TERN_DATA_DIR", ".tern")),
+        default=default_data_dir(),
         metavar="DIR",
         help="databases, secrets and logs (default: TERN_DATA_DIR or .tern)",
     )

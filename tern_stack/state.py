@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from tern_stack.run_file import RunInfo, run_file, write_run_info
 
 
 @dataclass(frozen=True)
@@ -29,15 +29,11 @@ class StateDir:
 
     @property
     def run_file(self) -> Path:
-        """Where the running stack's URLs and process ids are written (read by tests and tools)."""
-        return self.root / "run.json"
+        """Where the running stack's URLs and process ids are written (``tern_stack/run_file.py``)."""
+        return run_file(self.root)
 
-    def write_run_info(self, info: dict[str, Any]) -> None:
-        """Written whole, then renamed into place: whoever waits for ``run.json`` to appear (tests,
-        tools) never reads it half written."""
-        partial = self.run_file.with_suffix(".json.partial")
-        partial.write_text(json.dumps(info, indent=2) + "\n")
-        partial.replace(self.run_file)
+    def write_run_info(self, info: RunInfo) -> None:
+        write_run_info(self.root, info)
 
     def secret(self, name: str, generate: Callable[[], str]) -> str:
         """The value stored in ``name`` (mode 0600), generated and stored on first use."""

@@ -19,7 +19,6 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -35,6 +34,7 @@ from tern_stack.processes import (
     tern_command,
 )
 from tern_stack.restarts import Restarter
+from tern_stack.run_file import RunInfo
 from tern_stack.services import PostgresServer, RedisServer, free_port, port_is_free
 from tern_stack.state import StateDir, libpq_dsn
 
@@ -134,7 +134,7 @@ class Stack:
         self.env.setdefault("TERN_USAGE_SPOOL_DIR", str(state.root / "spool" / "usage"))
         self.children: list[Child] = []
         self.pids: dict[str, int] = {}
-        self.run_info: dict[str, Any] = {}
+        self.run_info: RunInfo | None = None
         self.restarters: dict[str, Restarter] = {}
         self.engine_url: str | None = None
         """The engine this stack started (None when TERN_ENGINE_URLS names running ones)."""
@@ -259,7 +259,7 @@ class Stack:
             child.restart()
             self.watchdog.watch(signal.SIGTERM, -child.pid)
         self.pids[child.name] = child.pid
-        if self.run_info:
+        if self.run_info is not None:
             self.state.write_run_info(self.run_info)  # tools read the new pid from run.json
 
 
@@ -286,14 +286,14 @@ def up(options: UpOptions) -> int:
         model = model_id(url, demo_key)
         ready_after_s = round(time.monotonic() - started, 1)
 
-        stack.run_info = run_info = {
-            "gateway_url": url,
-            "postgres_dsn": libpq_dsn(stack.env["TERN_DATABASE_URL"]),
-            "redis_url": stack.env["TERN_REDIS_URL"],
-            "engine_urls": stack.env["TERN_ENGINE_URLS"].split(","),
-            "pids": stack.pids,
-            "ready_after_s": ready_after_s,
-        }
+        stack.run_info = run_info = RunInfo(
+            gateway_url=url,
+            postgres_dsn=libpq_dsn(stack.env["TERN_DATABASE_URL"]),
+            redis_url=stack.env["TERN_REDIS_URL"],
+            engine_urls=stack.env["TERN_ENGINE_URLS"].split(","),
+            pids=stack.pids,
+            ready_after_s=ready_after_s,
+        )
         state.write_run_info(run_info)
         cleanup.callback(state.run_file.unlink, missing_ok=True)
         print(banner(url=url, admin_key=admin_key, demo_key=demo_key, model=model, state=state), flush=True)

@@ -18,6 +18,7 @@ from gateway.keys.format import has_valid_checksum
 from tern_stack.cli import build_parser
 from tern_stack.processes import Child
 from tern_stack.restarts import Backoff, Restarter, describe_exit
+from tern_stack.run_file import RunInfo, read_run_info
 from tern_stack.state import StateDir
 
 
@@ -55,11 +56,11 @@ def test_run_info_is_renamed_into_place_never_rewritten_in_place(tmp_path: Path)
     A reader that opened the old file still reads it whole after a rewrite (a new file took its name)."""
     state = StateDir(tmp_path / ".tern")
     state.prepare()
-    state.write_run_info({"gateway_url": "http://old"})
+    state.write_run_info(RunInfo(gateway_url="http://old"))
     with state.run_file.open() as reader:
-        state.write_run_info({"gateway_url": "http://new"})
-        assert json.loads(reader.read()) == {"gateway_url": "http://old"}
-    assert json.loads(state.run_file.read_text()) == {"gateway_url": "http://new"}
+        state.write_run_info(RunInfo(gateway_url="http://new", pids={"engine": 7}))
+        assert json.loads(reader.read())["gateway_url"] == "http://old"
+    assert read_run_info(state.root) == RunInfo(gateway_url="http://new", pids={"engine": 7})
     assert sorted(p.name for p in state.root.iterdir()) == ["logs", "run.json"]
 
 
