@@ -48,12 +48,6 @@ def estimate_prompt_tokens(request: OpenAIRequest) -> int:
     )
 
 
-def requested_max_tokens(request: OpenAIRequest) -> int | None:
-    if isinstance(request, ChatCompletionRequest):
-        return request.max_completion_tokens or request.max_tokens
-    return request.max_tokens
-
-
 class RequestLimiter:
     def __init__(self, *, limiter: RateLimiter, policies: LimitPolicies, prices: PriceBook) -> None:
         self.limiter = limiter
@@ -70,7 +64,7 @@ class RequestLimiter:
         prompt_tokens = estimate_prompt_tokens(request)
         reserve = reserve_tokens(
             prompt_tokens=prompt_tokens,
-            max_tokens=requested_max_tokens(request),
+            max_tokens=request.requested_max_tokens,
             n=request.n,
             default_max_tokens=cap,
         )

@@ -115,8 +115,8 @@ def capped_body(
     """The client's request as JSON, its output length capped as the limits admitted it."""
     body: dict[str, Any] = orjson.loads(raw_body)
     if max_tokens_cap is not None:
-        field = "max_completion_tokens" if body.get("max_completion_tokens") else "max_tokens"
-        body[field] = min(body.get(field) or max_tokens_cap, max_tokens_cap)
+        requested = openai_request.requested_max_tokens
+        body[openai_request.max_tokens_field] = min(requested or max_tokens_cap, max_tokens_cap)
     return body
 
 

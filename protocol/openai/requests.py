@@ -137,6 +137,18 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def max_tokens_field(self) -> str:
+        """The field that bounds the output's length, as the client sent it."""
+        return "max_tokens"
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """The most output tokens the client asked for (None: up to the context); the one rule the
+        engine request, the limits' admission and the proxy's cap all follow."""
+        value: int | None = getattr(self, self.max_tokens_field)
+        return value
+
     def _sampling(self, *, max_tokens: int | None, logprobs: bool, top_logprobs: int) -> dict[str, Any]:
         """The RPC's :class:`SamplingParams`, as the dict ``to_generate_request`` validates."""
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -267,6 +279,11 @@ class ChatCompletionRequest(_Request):
             },
         )
 
+    @property
+    def max_tokens_field(self) -> str:
+        """``max_completion_tokens`` wins over the deprecated ``max_tokens`` where both are sent."""
+        return "max_completion_tokens" if self.max_completion_tokens else "max_tokens"
+
     @field_validator("top_logprobs")
     @classmethod
     def _top_logprobs_need_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
@@ -295,9 +312,8 @@ class ChatCompletionRequest(_Request):
     def to_generate_request(
         self, *, request_id: str, cache_namespace: str | None = None, deadline: float | None = None
     ) -> GenerateRequest:
-        max_tokens = self.max_completion_tokens or self.max_tokens
         sampling = self._sampling(
-            max_tokens=max_tokens, logprobs=self.logprobs, top_logprobs=self.top_logprobs or 0
+            max_tokens=self.requested_max_tokens, logprobs=self.logprobs, top_logprobs=self.top_logprobs or 0
         )
         fields: dict[str, Any] = {
             "request_id": request_id,
@@ -376,7 +392,7 @@ class CompletionRequest(_Request):
     ) -> GenerateRequest:
         logprobs = self.logprobs is not None
         sampling = self._sampling(
-            max_tokens=self.max_tokens, logprobs=logprobs, top_logprobs=self.logprobs or 0
+            max_tokens=self.requested_max_tokens, logprobs=logprobs, top_logprobs=self.logprobs or 0
         )
         return _generate_request(
             {
