@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import fields
 from datetime import date
 
-from sqlalchemy import text
+from sqlalchemy import Uuid, text
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gateway.usage.models import UsageRow
 from gateway.usage.partitions import ensure_partitions, month_floor
 from gateway.usage.schemas import UsageRecord
 
-_COLUMNS = (
-    "request_id text, tenant_id uuid, key_id uuid, model text, endpoint text, prompt_tokens int, "
-    "cached_tokens int, completion_tokens int, status smallint, finish_reason text, ttft_ms float8, "
-    "duration_ms float8, started_at timestamptz, finished_at timestamptz, usage_estimated bool, end_user text"
-)
-_NAMES = [col.split()[0] for col in _COLUMNS.split(", ")]
-_TYPES = [col.split()[1] for col in _COLUMNS.split(", ")]
+# The columns a batch writes: every column of the table that a record carries (``recorded_at`` is
+# the server's), with their PostgreSQL types, read from the model so that they are written once.
+_WRITTEN = [c for c in UsageRow.__table__.columns if c.name in {f.name for f in fields(UsageRecord)}]
+_NAMES = [c.name for c in _WRITTEN]
+_TYPES = [c.type.compile(dialect=postgresql.dialect()) for c in _WRITTEN]
+_UUIDS = {c.name for c in _WRITTEN if isinstance(c.type, Uuid)}
 
 INSERT_BATCH = text(
     f"""
@@ -64,7 +66,7 @@ def _columns(records: Sequence[UsageRecord]) -> dict[str, list[object]]:
     for r in unique:
         for name in _NAMES:
             value = getattr(r, name)
-            if name in ("tenant_id", "key_id"):
+            if name in _UUIDS:
                 value = uuid.UUID(str(value))
             params[name].append(value)
     return params
