@@ -20,8 +20,10 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
 
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest
+from protocol.openai.responses_request import ResponsesRequest
 
 _HEX = "[0-9a-fA-F]"
 UUID_PATTERN = f"^({_HEX}{{8}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{4}}-{_HEX}{{12}}|{_HEX}{{32}})$"
@@ -58,9 +60,10 @@ ADMIN_ERRORS = ("400", "401", "403", "404", "409", "413")
 GENERATION_ERRORS = ("400", "401", "402", "403", "404", "413", "429", "503")
 PUBLIC_PATHS = ("/healthz", "/readyz", "/metrics")
 
-GENERATION_ROUTES = {
+GENERATION_ROUTES: dict[str, tuple[type[BaseModel], str, str]] = {
     "/v1/chat/completions": (ChatCompletionRequest, "Create a chat completion", "chat.completion"),
     "/v1/completions": (CompletionRequest, "Create a text completion", "text_completion"),
+    "/v1/responses": (ResponsesRequest, "Create a response (stateless: store false)", "response"),
 }
 
 

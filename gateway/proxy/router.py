@@ -25,7 +25,14 @@ from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, UsageJournal
 from gateway.proxy.relay import RelayResponse
 from protocol.openai.errors import OpenAIRequestError
-from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, RequestT, parse_request
+from protocol.openai.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    OpenAIRequest,
+    RequestT,
+    parse_request,
+)
+from protocol.openai.responses_request import ResponsesRequest, parse_responses_request
 from protocol.rpc import ModelList
 
 router = APIRouter(prefix="/v1", tags=["openai"])
@@ -101,11 +108,17 @@ class GenerateEndpoint:
             response = OpenAIError(exc.status_code, str(exc.detail)).response()
         await response(scope, receive, send)
 
+    def read(self, raw_body: bytes) -> tuple[OpenAIRequest, ResponsesRequest | None]:
+        """The validated request, in the form the engines take, and the Responses request it came as."""
+        if self.request_cls is ChatCompletionRequest:
+            return read_request(ChatCompletionRequest, raw_body), None
+        return read_request(CompletionRequest, raw_body), None
+
     async def generate(self, scope: Scope, receive: Receive) -> Response:
         """Authenticate, validate, check the key's model scope, admit under the limits, then dispatch."""
         key = await authenticate_kind(scope, "inference")
         raw_body = await read_body(receive)
-        openai_request = read_request(self.request_cls, raw_body)
+        openai_request, responses_request = self.read(raw_body)
         # Before the limits, so a refused model costs no quota.
         service.ensure_model_allowed(key=key, model=openai_request.model)
         state = proxy_state(scope)
@@ -127,6 +140,7 @@ class GenerateEndpoint:
                 journal=state.usage_journal,
                 max_tokens_cap=admitted.max_tokens,
                 headers=admitted.headers,
+                responses_request=responses_request,
             )
 
         # Rate limits and budgets are checked before any engine work (gateway/limits).
@@ -135,10 +149,25 @@ class GenerateEndpoint:
         )
 
 
+class ResponsesEndpoint(GenerateEndpoint):
+    """``POST /v1/responses``: the chat generation it amounts to, answered in the Responses shape."""
+
+    def __init__(self) -> None:
+        super().__init__(ChatCompletionRequest, "responses")
+
+    def read(self, raw_body: bytes) -> tuple[OpenAIRequest, ResponsesRequest | None]:
+        try:
+            responses_request = parse_responses_request(raw_body)
+            return responses_request.to_chat(), responses_request
+        except OpenAIRequestError as exc:
+            raise OpenAIError(exc.status, exc.message, param=exc.param, code=exc.code) from None
+
+
 generate_routes = [
     Route(
         "/v1/chat/completions", GenerateEndpoint(ChatCompletionRequest, "chat.completions"), methods=["POST"]
     ),
     Route("/v1/completions", GenerateEndpoint(CompletionRequest, "completions"), methods=["POST"]),
+    Route("/v1/responses", ResponsesEndpoint(), methods=["POST"]),
 ]
 """For ``GatewayApp.add_direct_route``."""

@@ -16,7 +16,9 @@ from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.openai_relay import OpenAIRelay
 from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome, UsageJournal
 from gateway.proxy.relay import BaseRelay, Relay, RelayResponse
+from gateway.proxy.responses_relay import ResponsesRelay
 from protocol.openai.requests import OpenAIRequest
+from protocol.openai.responses_request import ResponsesRequest
 from protocol.rpc import ModelList
 
 T = TypeVar("T")
@@ -63,18 +65,30 @@ async def dispatch(
     headers: Mapping[str, str],
     max_tokens_cap: int | None,
     journal: UsageJournal | None = None,
+    responses_request: ResponsesRequest | None = None,
 ) -> RelayResponse:
     """Start the generation on an engine and return the response that relays it, with ``headers``.
 
     The caller has checked the key's model scope (:func:`ensure_model_allowed`). Refusals
     (no engine, engine errors before the stream) raise OpenAIError after the hooks ran. The
     engines serving the model decide the relay: Tern's RPC, or the client's own request
-    (``raw_body``, already validated) forwarded to an OpenAI-compatible server.
+    (``raw_body``, already validated) forwarded to an OpenAI-compatible server. With
+    ``responses_request`` (``/v1/responses``, ``openai_request`` its chat form) the answer is written
+    in the Responses shape; Tern engines only, for now.
     """
     tenant_id = str(key.tenant_id) if key.tenant_id else None
     all_hooks = [observe_upstream_metrics, *hooks]
     relay: BaseRelay
-    if pool.kind_for(openai_request.model) == "openai":
+    kind = pool.kind_for(openai_request.model)
+    if kind == "openai" and responses_request is not None:
+        raise OpenAIError(
+            400,
+            f"The model '{openai_request.model}' is served by OpenAI-compatible engines, which this "
+            "gateway does not relay /v1/responses to yet: use /v1/chat/completions for it.",
+            param="model",
+            code="unsupported_endpoint",
+        )
+    if kind == "openai":
         relay = OpenAIRelay(
             pool=pool,
             body=capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap),
@@ -95,15 +109,20 @@ async def dispatch(
         if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
             sampling = gen_request.sampling
             sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
-        relay = Relay(
-            pool=pool,
-            gen_request=gen_request,
-            openai_request=openai_request,
-            endpoint=endpoint,
-            tenant_id=tenant_id,
-            key_id=str(key.key_id),
-            hooks=all_hooks,
-            journal=journal,
+        fields: dict[str, Any] = {
+            "pool": pool,
+            "gen_request": gen_request,
+            "openai_request": openai_request,
+            "endpoint": endpoint,
+            "tenant_id": tenant_id,
+            "key_id": str(key.key_id),
+            "hooks": all_hooks,
+            "journal": journal,
+        }
+        relay = (
+            Relay(**fields)
+            if responses_request is None
+            else ResponsesRelay(responses_request=responses_request, **fields)
         )
     await relay.open()
     return RelayResponse(relay, headers=headers)

@@ -62,7 +62,7 @@ class ResponseFormat(BaseModel):
         extra="forbid",
         json_schema_extra={
             "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
-            "then": {"required": ["json_schema"]},
+            "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
             "else": {"not": {"required": ["json_schema"]}},
         },
     )

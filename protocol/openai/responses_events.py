@@ -1,0 +1,224 @@
+"""RPC frames to the Responses API's shapes: one ``response`` object, or its stream of events.
+
+A stream goes as OpenAI documents it: ``response.created``, ``response.in_progress``; for text
+``response.output_item.added`` (a message), ``response.content_part.added``,
+``response.output_text.delta``..., ``response.output_text.done``, ``response.content_part.done``,
+``response.output_item.done``; for each function call ``response.output_item.added``,
+``response.function_call_arguments.delta``, ``response.function_call_arguments.done``,
+``response.output_item.done``; then ``response.completed`` (``response.incomplete`` when
+``max_output_tokens`` cut it, ``response.failed`` on an engine error) with the usage, cached
+tokens included. Every event carries its ``sequence_number``; there is no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from protocol.openai.responses_request import ResponsesRequest
+from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, ToolCall
+
+
+def usage_of(final: FinalFrame | ErrorFrame) -> dict[str, Any]:
+    return {
+        "input_tokens": final.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": final.cached_tokens},
+        "output_tokens": final.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": final.prompt_tokens + final.completion_tokens,
+    }
+
+
+class ResponseBuilder:
+    """The answer as it grows: its output items, and the ``response`` object around them."""
+
+    def __init__(self, request: ResponsesRequest, *, request_id: str, created: int | None = None) -> None:
+        self.request = request
+        self.id = f"resp_{request_id}"
+        self.message_id = f"msg_{request_id}"
+        self.created = int(time.time()) if created is None else created
+        self.text: list[str] = []
+        self.calls: list[ToolCall] = []
+
+    def message_item(self, *, done: bool) -> dict[str, Any]:
+        content = [{"type": "output_text", "text": "".join(self.text), "annotations": [], "logprobs": []}]
+        return {
+            "type": "message",
+            "id": self.message_id,
+            "status": "completed" if done else "in_progress",
+            "role": "assistant",
+            "content": content if done else [],
+        }
+
+    def call_item(self, call: ToolCall, *, done: bool) -> dict[str, Any]:
+        return {
+            "type": "function_call",
+            "id": f"fc_{call.id}",
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments if done else "",
+            "status": "completed" if done else "in_progress",
+        }
+
+    def output(self) -> list[dict[str, Any]]:
+        items = [self.message_item(done=True)] if self.text and "".join(self.text) else []
+        return items + [self.call_item(call, done=True) for call in self.calls]
+
+    def response(self, *, status: str, final: FinalFrame | ErrorFrame | None = None) -> dict[str, Any]:
+        request = self.request
+        fmt = (
+            request.text.format.model_dump(by_alias=True, exclude_none=True)
+            if request.text
+            else {"type": "text"}
+        )
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": None,
+            "incomplete_details": None,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
+            "model": request.model,
+            "output": self.output() if final is not None else [],
+            "parallel_tool_calls": request.parallel_tool_calls is not False,
+            "previous_response_id": None,
+            "reasoning": {"effort": None, "summary": None},
+            "store": False,
+            "temperature": request.temperature,
+            "text": {"format": fmt},
+            "tool_choice": _tool_choice(request),
+            "tools": [t.model_dump(exclude_none=True) for t in request.tools or []],
+            "top_p": request.top_p,
+            "truncation": "disabled",
+            "usage": usage_of(final) if final is not None else None,
+            "metadata": {},
+        }
+        if status == "incomplete":
+            body["incomplete_details"] = {"reason": "max_output_tokens"}
+        if isinstance(final, ErrorFrame):
+            body["error"] = {"code": final.code or "server_error", "message": final.message}
+        return body
+
+    def add(self, frame: DeltaFrame) -> None:
+        if frame.text:
+            self.text.append(frame.text)
+        self.calls.extend(frame.tool_calls or [])
+
+    def final(self, final: FinalFrame) -> dict[str, Any]:
+        return self.response(status=_status(final), final=final)
+
+
+def _status(final: FinalFrame) -> str:
+    return "incomplete" if final.finish_reason == "length" else "completed"
+
+
+def _tool_choice(request: ResponsesRequest) -> Any:
+    choice = request.tool_choice
+    if choice is None:
+        return "auto"
+    return choice if isinstance(choice, str) else choice.model_dump()
+
+
+class ResponsesStream:
+    """RPC frames in, the Responses API's server-sent events out."""
+
+    def __init__(self, request: ResponsesRequest, *, request_id: str, created: int | None = None) -> None:
+        self.builder = ResponseBuilder(request, request_id=request_id, created=created)
+        self.sequence = 0
+        self.message_open = False
+
+    def _event(self, kind: str, **payload: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self.sequence} | payload
+        self.sequence += 1
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    def start(self) -> bytes:
+        opening = self.builder.response(status="in_progress")
+        return self._event("response.created", response=opening) + self._event(
+            "response.in_progress", response=opening
+        )
+
+    def frame(self, frame: DeltaFrame | FinalFrame | ErrorFrame) -> bytes:
+        if isinstance(frame, DeltaFrame):
+            return self._delta(frame)
+        out = self._close_message()
+        if isinstance(frame, FinalFrame):
+            status = _status(frame)
+            return out + self._event(f"response.{status}", response=self.builder.final(frame))
+        failed = self.builder.response(status="failed", final=frame)
+        return out + self._event("response.failed", response=failed)
+
+    def _delta(self, frame: DeltaFrame) -> bytes:
+        out = b""
+        builder = self.builder
+        if frame.text:
+            if not self.message_open:
+                self.message_open = True
+                out += self._event(
+                    "response.output_item.added", output_index=0, item=builder.message_item(done=False)
+                )
+                out += self._event(
+                    "response.content_part.added",
+                    item_id=builder.message_id,
+                    output_index=0,
+                    content_index=0,
+                    part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            builder.text.append(frame.text)
+            out += self._event(
+                "response.output_text.delta",
+                item_id=builder.message_id,
+                output_index=0,
+                content_index=0,
+                delta=frame.text,
+                logprobs=[],
+            )
+        if frame.tool_calls:
+            out += self._close_message()
+            for call in frame.tool_calls:
+                out += self._call(call)
+        return out
+
+    def _close_message(self) -> bytes:
+        if not self.message_open:
+            return b""
+        self.message_open = False
+        builder = self.builder
+        item = builder.message_item(done=True)
+        ids = {"item_id": builder.message_id, "output_index": 0, "content_index": 0}
+        return (
+            self._event("response.output_text.done", **ids, text=item["content"][0]["text"], logprobs=[])
+            + self._event("response.content_part.done", **ids, part=item["content"][0])
+            + self._event("response.output_item.done", output_index=0, item=item)
+        )
+
+    def _call(self, call: ToolCall) -> bytes:
+        builder = self.builder
+        index = (1 if builder.text else 0) + len(builder.calls)
+        builder.calls.append(call)
+        item_id = f"fc_{call.id}"
+        return (
+            self._event(
+                "response.output_item.added", output_index=index, item=builder.call_item(call, done=False)
+            )
+            + self._event(
+                "response.function_call_arguments.delta",
+                item_id=item_id,
+                output_index=index,
+                delta=call.arguments,
+            )
+            + self._event(
+                "response.function_call_arguments.done",
+                item_id=item_id,
+                output_index=index,
+                name=call.name,
+                arguments=call.arguments,
+            )
+            + self._event(
+                "response.output_item.done", output_index=index, item=builder.call_item(call, done=True)
+            )
+        )
