@@ -8,9 +8,8 @@ per-output-row scales only. These kernels do what llama.cpp does for GGUF models
 activation row to integers (int16 here, where llama.cpp takes int8) and take integer dot products
 block by block, reading a weight tile once for all the rows of a step (docs/engine.md, "CPU linears").
 
-The shared library is compiled with ``-march=native`` for the CPU it runs on and cached under
-``$TERN_KERNEL_CACHE`` (default ``~/.cache/tern/kernels``), keyed by the source, the flags and the
-CPU's features; building takes a few seconds (4-5 on the 2-core VM). With no C compiler,
+The shared library is compiled with ``-march=native`` for the CPU it runs on and cached
+(``build.py``); building takes a few seconds (4-5 on the 2-core VM). With no C compiler,
 :func:`library` returns None and the engine keeps torch's kernels. OpenMP threads are torch's own
 (the same libgomp), so ``--num-threads`` applies. Where the CPU has AVX-512 VNNI, q4_1 runs through
 its own kernel (weights tile by tile); ``TERN_CPU_VNNI=0`` builds the AVX-512 tiles' q4_1 instead
@@ -21,141 +20,26 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
 
 import torch
 
-log = logging.getLogger(__name__)
+# Building and loading live in build.py; their names stay importable from here, where callers and
+# tests have always found them.
+from engine.cpu.build import AVX512_ENV as AVX512_ENV
+from engine.cpu.build import FLAGS as FLAGS
+from engine.cpu.build import INCLUDES as INCLUDES
+from engine.cpu.build import SOURCES as SOURCES
+from engine.cpu.build import VNNI_ENV as VNNI_ENV
+from engine.cpu.build import KernelError as KernelError
+from engine.cpu.build import _cpu_signature as _cpu_signature
+from engine.cpu.build import _lib as _lib
+from engine.cpu.build import available as available
+from engine.cpu.build import library as library
 
 BLOCK = 32
 """Elements per quantization block along K (weights and activations alike)."""
 ACTIVATION_MAX = 32767
 """Activations are quantized to int16 with one scale per row: 15 bits against the row's largest value."""
-SOURCES = tuple(
-    Path(__file__).with_name(name)
-    for name in (
-        "quant_kernels.c",
-        "kquant_kernels.c",
-        "attention_kernels.c",
-        "layer_kernels.c",
-        "ternary_kernels.c",
-    )
-)
-INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
-VNNI_ENV = "TERN_CPU_VNNI"
-"""Set to 0 to build q4_1 with the AVX-512 tiles where the CPU has AVX-512 VNNI, whose own kernel
-(weights tile by tile, ``tiled_q4_1`` in quant_kernels.c) is otherwise the one built: to compare the
-two on one machine (docs/engine.md, "The VNNI q4_1 kernel")."""
-AVX512_ENV = "TERN_CPU_AVX512"
-"""Set to 0 to build the AVX2 kernels where the CPU has AVX-512 (``TERN_NO_AVX512`` in kernels.h): the
-tests run both on a machine that has it."""
-
-
-AVX512_ENV = "TERN_CPU_AVX512"
-"""Set to 0 to build the AVX2 kernels on a CPU with AVX-512 (``-DTERN_NO_AVX512``): to test and
-compare both on one machine."""
-
-
-def _flags() -> tuple[str, ...]:
-    flags = FLAGS + (("-DTERN_NO_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "0" else ())
-    return flags + (("-DTERN_NO_AVX512",) if os.environ.get(AVX512_ENV) == "0" else ())
-
-
-class KernelError(RuntimeError):
-    pass
-
-
-def _cpu_signature() -> str:
-    try:
-        flags = next(
-            line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")
-        )
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return flags
-
-
-def _cache_dir() -> Path:
-    root = os.environ.get("TERN_KERNEL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tern", "kernels"
-    )
-    return Path(root)
-
-
-def _build(compiler: str) -> Path:
-    source = b"".join(path.read_bytes() for path in SOURCES + INCLUDES)
-    flags = _flags()
-    key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_signature().encode()).hexdigest()[:16]
-    target = _cache_dir() / f"tern_cpu_kernels-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Build beside the target and rename: two engines starting at once never load a half-written file.
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
-        partial = Path(tmp.name)
-    try:
-        subprocess.run(
-            [compiler, *flags, *map(str, SOURCES), "-o", str(partial), "-lm"],
-            check=True,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        partial.replace(target)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        partial.unlink(missing_ok=True)
-        detail = getattr(exc, "stderr", "") or str(exc)
-        raise KernelError(f"building the CPU kernels failed: {detail.strip()[:2000]}") from exc
-    return target
-
-
-@functools.cache
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None where they cannot be built (no C compiler, not x86/ARM Linux)."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        log.warning("no C compiler found: the CPU quantized kernels are off (torch's kernels serve)")
-        return None
-    try:
-        lib = ctypes.CDLL(str(_build(compiler)))
-    except (KernelError, OSError) as exc:
-        log.warning("the CPU quantized kernels are off: %s", exc)
-        return None
-    i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
-    lib.tern_matmul_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
-    lib.tern_matmul_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
-    lib.tern_q4_1_tiled.argtypes = []
-    lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
-    lib.tern_quantize_rows.restype = None
-    # q, k_cache, v_cache, half, block_tables, width, context_lens, B, H, KVH, D, block_size, scale, out
-    lib.tern_paged_decode_attention.argtypes = [ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr]
-    lib.tern_paged_decode_attention.argtypes += [i64, i64, i64, i64, i64, f32, ptr]
-    lib.tern_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
-    lib.tern_rms_norm.restype = None
-    lib.tern_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, ptr]
-    lib.tern_silu_mul.restype = None
-    # layer, hidden, M, E, cos, sin, table_stride, slots, block_tables, width, context_lens, out
-    lib.tern_decoder_layers.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr]
-    return lib
-
-
-def available() -> bool:
-    return library() is not None
-
-
-def _lib() -> ctypes.CDLL:
-    lib = library()
-    if lib is None:
-        raise KernelError("the CPU quantized kernels are not available on this machine")
-    return lib
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
