@@ -125,7 +125,7 @@ def _request_limiter(
             load_usage=load_usage,
             instance_id=instance_id,
             on_alert=lambda scope, rule, used, day: alerts(_owner(scope), rule, used, day),
-            on_used=lambda scope, rule, used: used_ratio(_owner(scope), rule, used),
+            on_used=used_ratio,
         ),
         policies=LimitPolicies(sessionmaker=sessionmaker, settings=limits_settings),
         prices=PriceBook(engine=db_engine),

@@ -12,6 +12,12 @@ one keep-alive aiohttp session:
 - the gateway process's CPU time per request (Linux ``/proc``): unlike requests per second it hardly
   depends on what else the machine runs, and ``1000 / cpu_ms`` is what one free core could serve.
 
+With ``--budgets``, it also measures what strict budgets cost in one sitting: two keys of the same
+tenant with the same rate limits, one with no budget, one with two (tokens per day, spend per month,
+priced), driven in turns (``--rounds`` rounds, the order alternating each round, so drift from other
+work on the machine falls on both alike); it reports each round's requests/s and CPU time per request
+and the ratio of the medians.
+
 Prints one JSON object. ``python -m gateway.bench.gateway --requests 2000 --concurrency 1 64``
 """
 
@@ -116,7 +122,68 @@ def wait_http(url: str, process: subprocess.Popen[bytes], *, deadline_s: float =
         time.sleep(0.1)
 
 
-def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def budget_keys(base: str, admin: dict[str, str], tenant_id: str) -> dict[str, dict[str, str]]:
+    """Two keys with the same rate limits: ``none`` without budgets, ``two`` with two of them."""
+    limits = {"rpm_limit": 1_000_000_000, "tpm_limit": 2_000_000_000, "max_concurrency": 10_000}
+    price = {"model": MODEL, "prompt_per_mtok": "0.15", "completion_per_mtok": "0.6"}
+    httpx.post(f"{base}/admin/prices", json=price, headers=admin).raise_for_status()
+    keys = {}
+    for name in ("none", "two"):
+        body = {"tenant_id": tenant_id, "name": f"bench-budgets-{name}", "kind": "inference", **limits}
+        created = httpx.post(f"{base}/admin/keys", json=body, headers=admin).json()
+        keys[name] = {"Authorization": f"Bearer {created['key']}"}
+        if name == "two":
+            for metric, period, amount in (("tokens", "day", 10**12), ("spend", "month", 10**9)):
+                budget = {"tenant_id": tenant_id, "key_id": created["id"], "metric": metric, "period": period}
+                response = httpx.post(
+                    f"{base}/admin/budgets", json={**budget, "amount": amount}, headers=admin
+                )
+                response.raise_for_status()
+    return keys
+
+
+def compare_budgets(
+    url: str,
+    keys: dict[str, dict[str, str]],
+    gateway_pid: int,
+    *,
+    requests: int,
+    concurrency: int,
+    rounds: int,
+) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in keys}
+    for name in keys:  # warm-up: connections, caches, the budgets' counters seeded
+        run_loop(drive(url, CHAT, keys[name], requests=200, concurrency=concurrency))
+    for round_index in range(rounds):
+        order = list(keys) if round_index % 2 == 0 else list(reversed(keys))
+        for name in order:
+            cpu_before = process_cpu_s(gateway_pid)
+            result = run_loop(drive(url, CHAT, keys[name], requests=requests, concurrency=concurrency))
+            cpu_after = process_cpu_s(gateway_pid)
+            if cpu_before is not None and cpu_after is not None:
+                result["gateway_cpu_ms_per_request"] = round((cpu_after - cpu_before) * 1000 / requests, 3)
+            runs[name].append(result)
+    summary: dict[str, Any] = {"concurrency": concurrency, "rounds": rounds, "runs": runs}
+    for name, results in runs.items():
+        summary[f"median_rps_{name}"] = _median([r["rps"] for r in results])
+        cpu = [r["gateway_cpu_ms_per_request"] for r in results if "gateway_cpu_ms_per_request" in r]
+        if cpu:
+            summary[f"median_cpu_ms_{name}"] = _median(cpu)
+    summary["rps_ratio_two_over_none"] = round(summary["median_rps_two"] / summary["median_rps_none"], 4)
+    if "median_cpu_ms_two" in summary and "median_cpu_ms_none" in summary:
+        summary["cpu_ratio_two_over_none"] = round(
+            summary["median_cpu_ms_two"] / summary["median_cpu_ms_none"], 4
+        )
+    return summary
+
+
+def run(requests: int, concurrencies: list[int], *, budgets: bool = False, rounds: int = 3) -> dict[str, Any]:
     admin_key = secrets.token_hex(24)
     children: list[subprocess.Popen[bytes]] = []
     load_before = os.getloadavg()
@@ -187,6 +254,20 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
                         "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 3),
                     }
                 )
+            budget_overhead = []
+            if budgets:
+                keys = budget_keys(base, admin, tenant["id"])
+                for concurrency in concurrencies:
+                    budget_overhead.append(
+                        compare_budgets(
+                            chat_url,
+                            keys,
+                            gateway.pid,
+                            requests=requests,
+                            concurrency=concurrency,
+                            rounds=rounds,
+                        )
+                    )
         except Exception:
             gateway_log.seek(0)
             sys.stderr.write(gateway_log.read()[-4000:].decode(errors="replace"))
@@ -195,7 +276,7 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
             for child in reversed(children):
                 child.terminate()
                 child.wait(timeout=30)
-    return {
+    out: dict[str, Any] = {
         "benchmark": "gateway",
         "machine": {
             "cpus": os.cpu_count(),
@@ -208,14 +289,21 @@ def run(requests: int, concurrencies: list[int]) -> dict[str, Any]:
         "requests_per_run": requests,
         "results": results,
     }
+    if budgets:
+        out["budget_overhead"] = budget_overhead
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tern bench gateway", description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--budgets", action="store_true", help="also: two budgets on every request vs none")
+    parser.add_argument("--rounds", type=int, default=3, help="turns of each key with --budgets")
     args = parser.parse_args(argv)
-    print(json.dumps(run(args.requests, args.concurrency), indent=2))
+    print(
+        json.dumps(run(args.requests, args.concurrency, budgets=args.budgets, rounds=args.rounds), indent=2)
+    )
     return 0
 
 

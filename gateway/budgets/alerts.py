@@ -74,10 +74,10 @@ def _amount(rule: BudgetRule, value: int) -> str:
     return str(value) if rule.metric == "tokens" else format(from_nano(value), "f")
 
 
-def used_ratio(owner: Owner, rule: BudgetRule, used: int) -> None:
-    """The gauge, after a settlement: settled usage over the limit in the current period."""
-    ratio = used / rule.limit if rule.limit else 1.0
-    budget_used_ratio_by(f"{owner.scope_name}:{rule.name}").set(ratio)
+def used_ratio(label: str, ratio: float) -> None:
+    """The gauge, after a settlement: settled usage over the limit in the current period, per
+    ``<scope>:<metric>:<period>``."""
+    budget_used_ratio_by(label).set(ratio)
 
 
 class BudgetAlerts:

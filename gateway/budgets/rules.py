@@ -28,6 +28,26 @@ def from_nano(nano: int) -> Decimal:
     return amount.quantize(Decimal(1)) if amount == amount.to_integral_value() else amount.normalize()
 
 
+PRICE_SCALE = 10**10
+"""Prices per million tokens have 10 decimals (``Numeric(20, 10)``): times this, they are integers."""
+
+
+def nano_cost(
+    prompt_price: int, cached_price: int, completion_price: int, *, prompt: int, cached: int, completion: int
+) -> int:
+    """A request's cost in nano-units, rounded up (as :func:`to_nano` rounds the ``Decimal`` cost),
+    from prices per million tokens scaled by :data:`PRICE_SCALE`: integer arithmetic only, exact.
+    cost = tokens x price / 1e6 money = tokens x price x 1e3 nano = tokens x scaled / 1e7 nano."""
+    scaled = (prompt - cached) * prompt_price + cached * cached_price + completion * completion_price
+    return -(-scaled // 10**7)
+
+
+def nano_str(nano: int) -> str:
+    """A non-negative nano-unit amount as a plain decimal string ("0.002"), without ``Decimal``."""
+    whole, frac = divmod(nano, 10**9)
+    return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
+
+
 def counter_key(scope_name: str, period: Period, day: date) -> str:
     """The hash of a scope's settled usage in one period: fields ``tok`` and ``spend`` (nano)."""
     return f"tern:budget:{scope_name}:{period_id(period, day)}"

@@ -12,10 +12,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from datetime import UTC, datetime
-from decimal import Decimal
 
 from gateway.auth.identity import AuthenticatedKey
-from gateway.budgets.rules import to_nano
+from gateway.budgets.rules import PRICE_SCALE, nano_cost
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
@@ -54,6 +53,7 @@ class RequestLimiter:
         self.policies = policies
         self.prices = prices
         self._inflight: dict[tuple[str, str], list[Admission]] = defaultdict(list)
+        self._scaled_prices: dict[int, tuple[Price, tuple[int, int, int]]] = {}
 
     async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admitted:
         """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work; the
@@ -82,17 +82,27 @@ class RequestLimiter:
             pass
         return self.prices
 
+    def _scaled(self, price: Price) -> tuple[int, int, int]:
+        """A price's three prices per million tokens as integers (``PRICE_SCALE``), once per price."""
+        cached = self._scaled_prices.get(id(price))
+        if cached is None or cached[0] is not price:
+            if len(self._scaled_prices) > 1000:
+                self._scaled_prices.clear()
+            scale = [int(p * PRICE_SCALE) for p in (price.prompt, price.cached_prompt, price.completion)]
+            cached = self._scaled_prices[id(price)] = (price, (scale[0], scale[1], scale[2]))
+        return cached[1]
+
     async def _worst_cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
         """The most the request can cost (nano-units): every prompt token at the dearer of the prompt
         and cached prices, every completion token it may produce at the completion price."""
         price = (await self._prices()).price(model, self.limiter.clock().date())
         if price is None:
             return 0
-        prompt_price = max(price.prompt, price.cached_prompt)
-        cost = Price(price.effective_from, prompt_price, prompt_price, price.completion).cost(
-            prompt_tokens=prompt_tokens, cached_tokens=0, completion_tokens=completion_tokens
+        prompt, cached, completion = self._scaled(price)
+        dearer = max(prompt, cached)
+        return nano_cost(
+            dearer, dearer, completion, prompt=prompt_tokens, cached=0, completion=completion_tokens
         )
-        return to_nano(cost)
 
     def _take(self, request_id: str, key_id: str | None) -> Admission | None:
         waiting = self._inflight.get((request_id, str(key_id)))
@@ -115,13 +125,15 @@ class RequestLimiter:
         if admission is None:
             return
         tokens = outcome.prompt_tokens + outcome.completion_tokens
-        spend = Decimal(0)
+        spend_nano = 0
         if admission.limits.has_spend_budget:
-            spend = (await self._prices()).cost(
-                model=outcome.model,
-                day=datetime.fromtimestamp(outcome.started_at, UTC).date(),
-                prompt_tokens=outcome.prompt_tokens,
-                cached_tokens=outcome.cached_tokens,
-                completion_tokens=outcome.completion_tokens,
-            )
-        await self.limiter.settle(admission, tokens=tokens, spend=spend)
+            day = datetime.fromtimestamp(outcome.started_at, UTC).date()
+            price = (await self._prices()).price(outcome.model, day)
+            if price is not None:
+                spend_nano = nano_cost(
+                    *self._scaled(price),
+                    prompt=outcome.prompt_tokens,
+                    cached=outcome.cached_tokens,
+                    completion=outcome.completion_tokens,
+                )
+        await self.limiter.settle(admission, tokens=tokens, spend_nano=spend_nano)

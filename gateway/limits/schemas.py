@@ -11,7 +11,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from gateway.bounds import INT32_MAX, Int32, Int64, Name, json_int, money
 from gateway.budgets.periods import Period
-from gateway.budgets.rules import BudgetRule, counter_key, from_nano, reservation_keys
+from gateway.budgets.rules import BudgetRule, counter_key, nano_str, reservation_keys
 from gateway.limits.config import FailurePolicy
 
 ScopeKind = Literal["key", "tenant", "key_model", "tenant_model"]
@@ -96,6 +96,7 @@ class RequestLimits:
     _keys_by_day: dict[date, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
     _limit_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
     _settle_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
+    _budget_labels: list[str] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def has_spend_budget(self) -> bool:
@@ -110,6 +111,12 @@ class RequestLimits:
             keys = [k.encode() for s in self.scopes for k in s.redis_keys(day)]
             self._keys_by_day[day] = keys
         return keys
+
+    def budget_labels(self) -> list[str]:
+        """``<scope>:<metric>:<period>`` of every budget, in the scripts' order (worked out once)."""
+        if len(self._budget_labels) != sum(len(s.budgets) for s in self.scopes):
+            self._budget_labels[:] = [f"{s.name}:{b.name}" for s in self.scopes for b in s.budgets]
+        return self._budget_labels
 
     def settle_args(self) -> list[bytes]:
         """The number of scopes, then every scope's periods and budgets, in settle.lua's order."""
@@ -165,7 +172,7 @@ class Admission:
         if self.budget_tokens_left is not None:
             headers["x-tern-budget-remaining-tokens"] = str(max(0, self.budget_tokens_left))
         if self.budget_nano_left is not None:
-            headers["x-tern-budget-remaining-spend"] = format(from_nano(max(0, self.budget_nano_left)), "f")
+            headers["x-tern-budget-remaining-spend"] = nano_str(max(0, self.budget_nano_left))
         return headers
 
 

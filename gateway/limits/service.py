@@ -43,8 +43,8 @@ budget counters."""
 Clock = Callable[[], datetime]
 AlertHook = Callable[[Scope, BudgetRule, int, date], Coroutine[Any, Any, None]]
 """(scope, budget, used, a day of the period): a budget just crossed its alert threshold."""
-GaugeHook = Callable[[Scope, BudgetRule, int], None]
-"""(scope, budget, used) after every settlement: the used-ratio metric."""
+GaugeHook = Callable[[str, float], None]
+"""("<scope>:<metric>:<period>", used / limit) after every settlement: the used-ratio metric."""
 
 
 def utc_now() -> datetime:
@@ -91,8 +91,9 @@ class RateLimiter:
         self._reap_reservations = redis.register_script(_script("reap_reservations.lua"))
         self._scripts = ScriptBatcher(redis)
         self._redis_down_until = 0.0
-        self._budget_seen: dict[str, tuple[int, int]] = {}
-        """Counter key -> (tokens, nano) last seen: what the fail-open fallback checks budgets against."""
+        self._budget_seen: dict[tuple[str, date], int] = {}
+        """("<scope>:<metric>:<period>", a day of the period) -> usage last seen (tokens, or nano):
+        what the fail-open fallback checks budgets against."""
         self._alerts: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ Redis health
@@ -230,19 +231,16 @@ class RateLimiter:
         """Fail-open: rate limits from the local share, budgets against the last counts seen."""
         for scope in admission.limits.scopes:
             for budget in scope.budgets:
-                key = counter_key(scope.name, budget.period, admission.day)
+                key = (f"{scope.name}:{budget.name}", admission.day)
                 if key not in self._budget_seen:
                     try:
                         start = period_start(budget.period, admission.day)
                         tokens, spend = await self.load_usage(scope, start, period_end(budget.period, start))
-                        self._budget_seen[key] = (tokens, to_nano(spend))
+                        self._budget_seen[key] = tokens if budget.metric == "tokens" else to_nano(spend)
                     except Exception as exc:  # Postgres may be down too; rate limits still hold
                         log.warning("cannot load budget usage for %s: %s", scope.name, exc)
-                tokens, nano = self._budget_seen.get(key, (0, 0))
-                if budget.metric == "tokens":
-                    used, need = tokens, admission.reserved_tokens
-                else:
-                    used, need = nano, admission.reserved_nano
+                used = self._budget_seen.get(key, 0)
+                need = admission.reserved_tokens if budget.metric == "tokens" else admission.reserved_nano
                 if used + need > budget.limit:
                     reason = "token_budget" if budget.metric == "tokens" else "spend_budget"
                     raise_denial(Denial(scope, reason, 0, budget), admission, self.settings.budget_status)
@@ -256,13 +254,13 @@ class RateLimiter:
 
     # ------------------------------------------------------------ settlement
 
-    async def settle(self, admission: Admission, *, tokens: int, spend: Decimal = Decimal(0)) -> None:
-        """Replace the reservations by the real usage and free the slot (idempotent)."""
+    async def settle(self, admission: Admission, *, tokens: int, spend_nano: int = 0) -> None:
+        """Replace the reservations by the real usage (tokens, and cost in nano-units) and free the
+        slot (idempotent)."""
         if admission.settled:
             return
         admission.settled = True
         scopes = admission.limits.scopes
-        spend_nano = to_nano(spend) if spend else 0
         if admission.backend == "local":
             self.local.settle(admission_id=admission.admission_id, scopes=scopes, tokens=tokens)
             self._count_budget_locally(admission, tokens, spend_nano)
@@ -282,17 +280,18 @@ class RateLimiter:
 
     def _after_settle(self, admission: Admission, fields: list[bytes]) -> None:
         at = 0
+        labels = admission.limits.budget_labels()
         for scope in admission.limits.scopes:
             for budget in scope.budgets:
                 used, alert = int(fields[at]), fields[at + 1] == b"1"
+                label = labels[at // 2]
                 at += 2
                 if used < 0:
                     continue
-                key = counter_key(scope.name, budget.period, admission.day)
-                seen = self._budget_seen.get(key, (0, 0))
-                self._budget_seen[key] = (used, seen[1]) if budget.metric == "tokens" else (seen[0], used)
+                key = (label.rpartition(":")[0], admission.day)  # scope name, metric: the counter's field
+                self._budget_seen[key] = used
                 if self.on_used is not None:
-                    self.on_used(scope, budget, used)
+                    self.on_used(label, used / budget.limit if budget.limit else 1.0)
                 if alert and self.on_alert is not None:
                     task = asyncio.get_running_loop().create_task(
                         self.on_alert(scope, budget, used, admission.day)
@@ -301,12 +300,13 @@ class RateLimiter:
                     task.add_done_callback(self._alerts.discard)
 
     def _count_budget_locally(self, admission: Admission, tokens: int, spend_nano: int) -> None:
-        for scope in admission.limits.scopes:
-            for period in scope.periods:
-                key = counter_key(scope.name, period, admission.day)
-                seen = self._budget_seen.get(key)
-                if seen is not None:
-                    self._budget_seen[key] = (seen[0] + tokens, seen[1] + spend_nano)
+        labels = admission.limits.budget_labels()
+        budgets = [b for s in admission.limits.scopes for b in s.budgets]
+        for label, budget in zip(labels, budgets, strict=True):
+            key = (label.rpartition(":")[0], admission.day)
+            seen = self._budget_seen.get(key)
+            if seen is not None:
+                self._budget_seen[key] = seen + (tokens if budget.metric == "tokens" else spend_nano)
 
     async def drain_alerts(self) -> None:
         """Wait for the alerts being sent (shutdown, tests)."""

@@ -47,9 +47,7 @@ async def delete_price(price_id: RowId, actor: AdminActor, session: DbSession) -
 _GROUP = "(" + "|".join(GROUP_FIELDS) + ")"
 GroupByQuery = Annotated[
     list[Annotated[str, StringConstraints(pattern=f"^{_GROUP}(,{_GROUP})*$")]],
-    Query(
-        description="day, model, key, tenant, user (the OpenAI user field): repeated or comma-separated"
-    ),
+    Query(description="day, model, key, tenant, user (the OpenAI user field): repeated or comma-separated"),
 ]
 EndUser = Annotated[
     str | None,

@@ -4,7 +4,8 @@
 -- Windows are sliding logs over the last `window_ms`, so the limit is exact, not per bucket.
 -- Budgets are strict: the request's worst case (tokens, and spend in nano-units) is reserved against
 -- every budget of every scope, and admitted only if settled usage + outstanding reservations + it
--- fit under the limit. Reservations expire after `slot_ttl_ms` (a gateway that died never settles).
+-- fit under the limit. Reservations expire after `slot_ttl_ms` (a gateway that died never settles):
+-- they are dropped when they would refuse a request.
 --
 -- ARGV: request_id, reserve_tokens, window_ms, slot_ttl_ms, budget_tokens, budget_nano, n_scopes,
 --       then per scope: rpm, tpm, concurrency, n_periods, n_budgets  (-1 = no limit),
@@ -75,11 +76,12 @@ local function tokens_retry_ms(rkey, tkey, total, limit, need)
   end
 end
 
--- Give back the reservations of requests that never settled (their gateway died).
+-- Give back the reservations of requests that never settled (their gateway died); how many.
 local function expire_reservations(reskey, expkey)
+  local freed = 0
   while true do
     local old = redis.call('ZRANGEBYSCORE', expkey, '-inf', now, 'LIMIT', 0, CHUNK)
-    if #old == 0 then return end
+    if #old == 0 then return freed end
     local vals = redis.call('HMGET', reskey, unpack(old))
     local tok, nano = 0, 0
     for _, v in ipairs(vals) do
@@ -92,8 +94,21 @@ local function expire_reservations(reskey, expkey)
     redis.call('HDEL', reskey, unpack(old))
     redis.call('HINCRBY', reskey, '__tok', -tok)
     redis.call('HINCRBY', reskey, '__spend', -nano)
-    if #old < CHUNK then return end
+    freed = freed + #old
+    if #old < CHUNK then return freed end
   end
+end
+
+-- The first budget the request's worst case does not fit (nil: all fit); fills `left`.
+local function misfit(budgets, used, reskey, left)
+  local held = redis.call('HMGET', reskey, '__tok', '__spend')
+  local held_tok, held_nano = tonumber(held[1] or 0), tonumber(held[2] or 0)
+  for j, b in ipairs(budgets) do
+    if b.metric == 0 then left[j] = b.limit - used[b.p][1] - held_tok - btok
+    else left[j] = b.limit - used[b.p][2] - held_nano - bnano end
+    if left[j] < 0 then return j end
+  end
+  return nil
 end
 
 local state = {}
@@ -109,25 +124,22 @@ for i = 1, n do
   local s = {rpm = rpm, tpm = tpm, conc = conc, nb = nb, count = 0, total = 0, left = {}}
 
   if nb > 0 then
-    expire_reservations(reskey, expkey)
-    local held = redis.call('HMGET', reskey, '__tok', '__spend')
-    local held_tok, held_nano = tonumber(held[1] or 0), tonumber(held[2] or 0)
+    local budgets = {}
+    for j = 1, nb do
+      budgets[j] = {p = tonumber(ARGV[argi]), metric = tonumber(ARGV[argi + 1]), limit = tonumber(ARGV[argi + 2])}
+      argi = argi + 4
+    end
     local used = {}
     for p = 1, np do
       local c = redis.call('HMGET', KEYS[pbase + p], 'tok', 'spend')
       if not c[1] then return reply({'seed', i, p}) end
       used[p] = {tonumber(c[1]), tonumber(c[2] or 0)}
     end
-    for j = 1, nb do
-      local p, metric, limit = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1]), tonumber(ARGV[argi + 2])
-      argi = argi + 4
-      local left
-      if metric == 0 then left = limit - used[p][1] - held_tok - btok
-      else left = limit - used[p][2] - held_nano - bnano end
-      if left < 0 then
-        return reply({'deny', i, metric == 0 and 'token_budget' or 'spend_budget', 0, j})
-      end
-      s.left[j] = left
+    local j = misfit(budgets, used, reskey, s.left)
+    -- Expired reservations only matter when they would refuse: drop them then, and look again.
+    if j and expire_reservations(reskey, expkey) > 0 then j = misfit(budgets, used, reskey, s.left) end
+    if j then
+      return reply({'deny', i, budgets[j].metric == 0 and 'token_budget' or 'spend_budget', 0, j})
     end
   end
 
@@ -181,9 +193,8 @@ for i = 1, n do
     redis.call('HSET', s.reskey, rid, string.format('%d %d', btok, bnano))
     redis.call('HINCRBY', s.reskey, '__tok', btok)
     redis.call('HINCRBY', s.reskey, '__spend', bnano)
+    -- No TTL on these two: one of each per scope with budgets, emptied as requests settle or expire.
     redis.call('ZADD', s.expkey, now + slot_ttl, rid)
-    redis.call('PEXPIRE', s.reskey, slot_ttl + 1000)
-    redis.call('PEXPIRE', s.expkey, slot_ttl + 1000)
   end
   local req_remaining, tok_remaining = -1, -1
   if s.rpm >= 0 then req_remaining = s.rpm - s.count - 1 end
