@@ -3,7 +3,7 @@
 The engine runs the chat request the Responses request amounts to
 (``ResponsesRequest.to_chat``); this relay only writes its frames as a ``response`` object or as
 the Responses API's events (``protocol/openai/responses_events.py``). Opening, aborting, usage and
-the completion hooks are :class:`~gateway.proxy.relay.Relay`'s, unchanged: billed like chat.
+the completion hooks are :class:`~gateway.proxy.rpc_relay.Relay`'s, unchanged: billed like chat.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
-from gateway.proxy.relay import Relay
+from gateway.proxy.rpc_relay import Relay
 from protocol.openai.errors import error_body
 from protocol.openai.responses import error_frame_body
 from protocol.openai.responses_events import ResponseBuilder, ResponsesStream

@@ -15,8 +15,9 @@ from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.openai_relay import OpenAIRelay
 from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome, UsageJournal
-from gateway.proxy.relay import BaseRelay, Relay, RelayResponse
+from gateway.proxy.relay import BaseRelay, RelayResponse
 from gateway.proxy.responses_relay import ResponsesRelay
+from gateway.proxy.rpc_relay import Relay
 from protocol.openai.requests import OpenAIRequest
 from protocol.openai.responses_request import ResponsesRequest
 from protocol.rpc import ModelList
