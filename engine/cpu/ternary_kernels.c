@@ -321,6 +321,7 @@ __attribute__((optimize("no-tree-reassoc"))) static void ternary_tile_rows(const
 int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out) {
     if (K <= 0 || (ws == NULL) == (wd == NULL)) return -2;
+    if (M == 0 || N == 0) return 0;
     const int64_t nb = (K + QKT - 1) / QKT;
     TernaryRows q;
     if (quantize_rows_i8(x, M, K, nb, &q)) {

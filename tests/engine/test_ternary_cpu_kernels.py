@@ -181,3 +181,8 @@ def test_the_avx2_kernel_passes_too(tmp_path: Path) -> None:
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-4000:]
     assert " passed" in result.stdout and " failed" not in result.stdout
+
+
+def test_no_rows_give_no_rows() -> None:
+    codes = ternary.pack_tq2(random_values(4, 256))
+    assert ternary.matmul_tq2(torch.empty(0, 256), codes, row_scales=torch.ones(4)).shape == (0, 4)
