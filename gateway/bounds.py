@@ -97,6 +97,15 @@ def money(*, max_digits: int, decimal_places: int) -> Any:
     return Annotated[Decimal, BeforeValidator(parse), WithJsonSchema(schema, mode="validation")]
 
 
+# Defined here, once, and imported where used: a type made by a call is opaque to mypy where it is
+# made, so schemas import these rather than calling json_int / money themselves.
+PositiveInt32 = json_int(ge=1, le=INT32_MAX)
+"""A limit (requests, tokens, concurrency) in an ``integer`` column."""
+Numeric20_6 = money(max_digits=20, decimal_places=6)
+"""An amount of money, ``Numeric(20, 6)``: budgets."""
+Numeric20_10 = money(max_digits=20, decimal_places=10)
+"""A price per million tokens, ``Numeric(20, 10)``."""
+
 _BLANK = "\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000"
 NOT_BLANK = f"^[^\\x00]*[^\\x00{_BLANK}][^\\x00]*$"
 """No NUL (Postgres text cannot hold one) and at least one character that ``str.strip`` keeps."""

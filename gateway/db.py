@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Protocol
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends, Request
 from sqlalchemy import MetaData
@@ -16,6 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from sqlalchemy.orm import DeclarativeBase
 
 from gateway.config import Settings
+
+if TYPE_CHECKING:
+    from alembic.config import Config  # imported lazily: the hot path never needs alembic
 
 MIGRATIONS_PACKAGE = "migrations"
 """Alembic's script folder, an importable package shipped in the wheel (``migrations/`` in a checkout)."""
@@ -84,7 +87,7 @@ def migrations_dir() -> Path:
     return folder
 
 
-def alembic_config(database_url: str):  # -> alembic.config.Config (alembic imported lazily)
+def alembic_config(database_url: str) -> Config:
     from alembic.config import Config
 
     config = Config()

@@ -21,7 +21,7 @@ def record(
     tenant_id: uuid.UUID | None,
     action: str,
     object_type: str,
-    object_id: str | uuid.UUID,
+    object_id: str | int | uuid.UUID,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
 ) -> AuditEntry:

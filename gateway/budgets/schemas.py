@@ -8,10 +8,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.bounds import money
+from gateway.bounds import Numeric20_6 as Amount
 from gateway.budgets.periods import Period
 
-Amount = money(max_digits=20, decimal_places=6)
 AlertRatio = Annotated[float, Field(gt=0, le=1, description="0.8: alert at 80% (3 decimals kept)")]
 
 

@@ -14,6 +14,7 @@ from gateway.db import DbSession
 from gateway.keys import service
 from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.format import hash_key
+from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyCreate, KeyCreated, KeyList, KeyOut, KeyRotate, KeyUpdate, KeyWritten
 from protocol.rpc import ModelInfo
 
@@ -55,7 +56,7 @@ def _authenticator(request: Request) -> KeyAuthenticator:
     return _state(request).key_authenticator
 
 
-def _created(key, plaintext: str, warnings: list[str] | None = None) -> KeyCreated:
+def _created(key: ApiKey, plaintext: str, warnings: list[str] | None = None) -> KeyCreated:
     return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=plaintext, warnings=warnings or [])
 
 

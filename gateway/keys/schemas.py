@@ -7,11 +7,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
-from gateway.bounds import INT32_MAX, Int64, IsoAwareDateTime, Name, json_int
+from gateway.bounds import Int64, IsoAwareDateTime, Name, json_int
+from gateway.bounds import PositiveInt32 as Limit
 
 KeyName = Name
 ModelName = Name
-Limit = json_int(ge=1, le=INT32_MAX)
 MAX_GRACE_SECONDS = 30 * 24 * 3600
 
 

@@ -23,6 +23,7 @@ from gateway.keys.exceptions import BootstrapKeyProtected, KeyNotFound, KeyNotRo
 from gateway.keys.format import bootstrap_key_problem, display_hint, generate_key, hash_key
 from gateway.keys.models import ApiKey
 from gateway.keys.schemas import KeyOut
+from gateway.tenants.models import Tenant
 from gateway.tenants.service import get_tenant
 
 LIMIT_FIELDS = ("rpm_limit", "tpm_limit", "max_concurrency", "monthly_token_budget")
@@ -38,7 +39,9 @@ def _audit(session: AsyncSession, *, key: ApiKey, **change: Any) -> None:
     record(session, tenant_id=key.tenant_id, object_type="api_key", object_id=key.id, **change)
 
 
-async def _resolve_tenant(session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID | None, kind: str):
+async def _resolve_tenant(
+    session: AsyncSession, *, actor: Actor, tenant_id: uuid.UUID | None, kind: str
+) -> Tenant | None:
     """The tenant a new key belongs to, after checking the actor may create keys there."""
     if not actor.is_platform:
         if tenant_id is not None and tenant_id != actor.tenant_id:

@@ -49,7 +49,7 @@ async def _save(
     body: TenantLimitsBody | KeyLimitsBody,
 ) -> LimitsOut:
     """Create or replace a limits row and audit the change, in one transaction."""
-    row = await session.get(row_cls, owner_id)
+    row: TenantLimits | KeyLimits | None = await session.get(row_cls, owner_id)
     before = _out(out_cls, owner, owner_id, row).model_dump(mode="json") if row else None
     values = body.model_dump(mode="python")
     values["model_limits"] = body.model_dump(mode="json", exclude_none=True)["model_limits"]

@@ -42,8 +42,7 @@ def estimate_prompt_tokens(request: OpenAIRequest) -> int:
     if prompt and isinstance(prompt[0], int):
         return len(prompt)
     return sum(
-        len(p) if isinstance(p, list) else math.ceil(len(p.encode()) / BYTES_PER_TOKEN)
-        for p in prompt  # type: ignore[union-attr]
+        len(p) if isinstance(p, list) else math.ceil(len(str(p).encode()) / BYTES_PER_TOKEN) for p in prompt
     )
 
 

@@ -129,7 +129,7 @@ class LimitPolicies:
         key_label = f"API key '{key.name}'"
         key_id = str(key.key_id)
         tenant = None if key.tenant_id is None else str(key.tenant_id)
-        scopes = [
+        scopes: list[Scope | None] = [
             Scope(
                 kind="key",
                 id=key_id,

@@ -9,7 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from gateway.bounds import INT32_MAX, Int32, Int64, Name, json_int, money
+from gateway.bounds import Int32, Int64, Name, PositiveInt32
+from gateway.bounds import Numeric20_6 as Spend
 from gateway.budgets.periods import Period
 from gateway.budgets.rules import BudgetRule, counter_key, nano_str, reservation_keys
 from gateway.limits.config import FailurePolicy
@@ -204,14 +205,12 @@ def rate_limit_headers(requests: WindowState | None, tokens: WindowState | None)
 
 
 MaxTokens = Annotated[
-    json_int(ge=1, le=INT32_MAX),
+    PositiveInt32,
     Field(
         description="The max_tokens a request without one gets, and the most any request gets; the key's "
         "value wins over its tenant's; null: TERN_LIMITS_DEFAULT_MAX_TOKENS"
     ),
 ]
-Spend = money(max_digits=20, decimal_places=6)
-"""A monthly spend budget, in the prices' currency (``Numeric(20, 6)``)."""
 
 
 class ModelLimit(BaseModel):

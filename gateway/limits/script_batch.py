@@ -31,7 +31,8 @@ MAX_BATCH = 256
 MAX_IDLE_CONNECTIONS = 4
 
 Arg = int | str | bytes
-_Call = tuple[AsyncScript, Sequence[Arg], Sequence[Arg], asyncio.Future[object]]
+Key = str | bytes
+_Call = tuple[AsyncScript, Sequence[Key], Sequence[Arg], asyncio.Future[object]]
 
 
 class ScriptBatcher:
@@ -45,7 +46,7 @@ class ScriptBatcher:
         self._idle: list[Connection] = []
         """Connections of finished batches, for the next ones."""
 
-    async def call(self, script: AsyncScript, *, keys: Sequence[Arg], args: Sequence[Arg]) -> object:
+    async def call(self, script: AsyncScript, *, keys: Sequence[Key], args: Sequence[Arg]) -> object:
         """The script's reply, or the error Redis (or the connection) raised for it."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[object] = loop.create_future()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from fastapi import APIRouter, Request, Response
@@ -54,7 +55,7 @@ async def _engine_ok(request: Request) -> bool:
     return bool(await _state(request).engine_pool.any_healthy())
 
 
-async def _check(name: str, probe, request: Request) -> bool:
+async def _check(name: str, probe: Callable[[Request], Awaitable[bool]], request: Request) -> bool:
     try:
         return await asyncio.wait_for(probe(request), READY_CHECK_TIMEOUT_S)
     except Exception as exc:

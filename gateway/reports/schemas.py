@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from gateway.bounds import IsoDate, Name, money
+from gateway.bounds import IsoDate, Name
+from gateway.bounds import Numeric20_10 as PriceValue
 from gateway.reports.pricing import money_str
 
 GroupBy = Literal["day", "model", "key", "tenant"]
@@ -30,9 +31,6 @@ METRICS = (
     "total_tokens",
     "cost",
 )
-
-PriceValue = money(max_digits=20, decimal_places=10)
-"""Per million tokens: a JSON number or a decimal string, stored as ``Numeric(20, 10)``."""
 
 
 class PriceCreate(BaseModel):

@@ -176,7 +176,7 @@ async def usage_report(
         {group_clause}
     """
     result = await session.execute(text(sql), params)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for row in result:
         out: dict[str, Any] = {}
         for g in group_by:
@@ -189,9 +189,9 @@ async def usage_report(
         rows.append(out)
     totals: dict[str, Any] = {k: 0 for k in ("requests", "errors", "prompt_tokens", "cached_tokens")}
     totals.update({"completion_tokens": 0, "total_tokens": 0, "cost": Decimal(0)})
-    for row in rows:
+    for summed in rows:
         for k in totals:
-            totals[k] += row[k]
+            totals[k] += summed[k]
     for item in [*rows, totals]:
         item["cost"] = money_str(item["cost"])
     return {"rows": rows, "totals": totals}
