@@ -1,5 +1,6 @@
 """Budget alerts through the gateway: a real local HTTP receiver gets one webhook call per threshold
-crossing, with a signature it can verify, retried while it fails; one audit row; the used-ratio gauge."""
+crossing, with a signature it can verify, retried while it fails; one audit row; the used-ratio gauge;
+GET /admin/budgets; and a failed request's reservation given back."""
 
 from __future__ import annotations
 
@@ -133,3 +134,28 @@ async def test_a_receiver_that_never_answers_2xx_gets_one_call_plus_the_retries(
     )
     assert not await alerts.deliver({"id": "e1", "type": "budget.threshold_crossed"})
     assert len(receiver.calls) == 4
+
+
+@pytest.mark.fake_engines(mode="error_status")
+async def test_a_failed_request_gives_its_reservation_back_and_costs_nothing(
+    client: httpx.AsyncClient,
+    admin_headers: dict[str, str],
+    create_tenant_and_key: Any,
+    fake_engine: FakeEngine,
+) -> None:
+    tenant, key, key_id = await create_tenant_and_key()
+    budget = {
+        "tenant_id": tenant["id"],
+        "key_id": key_id,
+        "metric": "tokens",
+        "period": "week",
+        "amount": 1000,
+    }
+    assert (await client.post("/admin/budgets", json=budget, headers=admin_headers)).status_code == 201
+    for _ in range(3):
+        failed = await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))
+        assert failed.status_code >= 500 and fake_engine.received
+    [status] = (
+        await client.get("/admin/budgets", params={"tenant": tenant["id"]}, headers=admin_headers)
+    ).json()["data"]
+    assert (status["used"], status["reserved"]) == ("0", "0")
