@@ -148,7 +148,27 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
                 for (int j = 0; j < CC; j++) dots[i][j] = dot_u8s8(dots[i][j], codes[j], xv);
             }
         }
-        if (BLOCKED) {
+        if (BLOCKED && CC == 4) {
+            /* Four columns' block sums in one vector (a transposing add tree, a third of four separate
+             * reductions), then each lane's (float)dot * d and total + part: lane j is column j's
+             * operations, in the order of the scalar ones below. */
+            const __m128 d = _mm_cvtph_ps(_mm_setr_epi16(
+                (short)w->wd[n0 * nb + b], (short)w->wd[(n0 + 1) * nb + b], (short)w->wd[(n0 + 2) * nb + b],
+                (short)w->wd[(n0 + 3) * nb + b], 0, 0, 0, 0));
+            for (int i = 0; i < RR; i++) {
+                __m256i halves[4];
+                for (int j = 0; j < 4; j++) {
+                    halves[j] = _mm256_add_epi32(_mm512_castsi512_si256(dots[i][j]), _mm512_extracti64x4_epi64(dots[i][j], 1));
+                    dots[i][j] = _mm512_setzero_si512();
+                }
+                const __m256i pairs = _mm256_hadd_epi32(_mm256_hadd_epi32(halves[0], halves[1]),
+                                                        _mm256_hadd_epi32(halves[2], halves[3]));
+                const __m128i sums4 = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+                const __m128i block = _mm_sub_epi32(sums4, _mm_set1_epi32(x->sums[(r0 + i) * nb + b]));
+                const __m128 part = _mm_mul_ps(_mm_cvtepi32_ps(block), d);
+                _mm_storeu_ps(totals[i], _mm_add_ps(_mm_loadu_ps(totals[i]), part));
+            }
+        } else if (BLOCKED) {
             for (int i = 0; i < RR; i++)
                 for (int j = 0; j < CC; j++) {
                     const int32_t dot = _mm512_reduce_add_epi32(dots[i][j]) - x->sums[(r0 + i) * nb + b];
@@ -189,7 +209,8 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
     const int64_t nb = w->nb;
     const __m256i three = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);
     __m256i dots[4][1];
-    float totals[4][1];
+    float totals[4][1], totals4_out[4];
+    __m128 totals4 = _mm_setzero_ps();
     for (int i = 0; i < RR; i++)
         for (int j = 0; j < CC; j++) {
             dots[i][j] = _mm256_setzero_si256();
@@ -224,6 +245,20 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
                     for (int j = 0; j < CC; j++) __asm__ volatile("" : "+x"(block[i][j]));
             }
         }
+        if (BLOCKED && RR == 4 && CC == 1) {
+            /* Four rows' block sums in one vector (a transposing add tree), then each lane's
+             * (float)dot * d and total + part: lane i is row i's operations, in the scalar order. */
+            __m256i wide[4];
+            for (int i = 0; i < 4; i++) wide[i] = _mm256_madd_epi16(block[i][0], ones);
+            const __m256i pairs = _mm256_hadd_epi32(_mm256_hadd_epi32(wide[0], wide[1]), _mm256_hadd_epi32(wide[2], wide[3]));
+            const __m128i sums4 = _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+            const __m128i rows_sums = _mm_setr_epi32(x->sums[r0 * nb + b], x->sums[(r0 + 1) * nb + b],
+                                                     x->sums[(r0 + 2) * nb + b], x->sums[(r0 + 3) * nb + b]);
+            const __m128 part = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums4, rows_sums)),
+                                           _mm_set1_ps(half_to_float(w->wd[n0 * nb + b])));
+            totals4 = _mm_add_ps(totals4, part);
+            continue;
+        }
         for (int i = 0; i < RR; i++)
             for (int j = 0; j < CC; j++) {
                 const __m256i wide = _mm256_madd_epi16(block[i][j], ones);
@@ -236,6 +271,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
                 }
             }
     }
+    if (BLOCKED && RR == 4 && CC == 1) _mm_storeu_ps(totals4_out, totals4);
     for (int i = 0; i < RR; i++) {
         int32_t row_sum = 0;
         if (!BLOCKED)
@@ -243,7 +279,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
         for (int j = 0; j < CC; j++) {
             float *o = out + (r0 + i) * N + n0 + j;
             if (BLOCKED)
-                *o = totals[i][j] / x->scale[r0 + i];
+                *o = (RR == 4 && CC == 1 ? totals4_out[i] : totals[i][j]) / x->scale[r0 + i];
             else
                 *o = (float)(hsum_epi32(dots[i][j]) - row_sum) / x->scale[r0 + i] * w->ws[n0 + j];
         }
