@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
@@ -247,12 +247,12 @@ class IncrementalDetokenizer:
 def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Backend:
     alphabet = set(pre_tokenizers.ByteLevel.alphabet())
     byte_chars = _bytes_to_unicode()
-    vocab = {}
+    vocab: dict[str, int] = {}
     for index, token in enumerate(tokens):
         if not set(token) <= alphabet:  # a token stored as raw text: respell it in the byte alphabet
             token = "".join(byte_chars[b] for b in token.encode("utf-8"))
         vocab.setdefault(token, index)
-    pairs = [tuple(merge.split(" ", 1)) for merge in merges]
+    pairs = [cast(tuple[str, str], tuple(merge.split(" ", 1))) for merge in merges]
     backend = Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
     split = _PRE_TOKENIZER_SPLITS.get(pre or "")
     if split is not None:

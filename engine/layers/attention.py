@@ -96,6 +96,7 @@ class Attention(nn.Module):
             else:
                 # Through the cache, so that a chunk attends to the same (rounded) keys whether or not
                 # an earlier chunk or the prefix cache computed them.
+                assert ctx.block_tables is not None  # a paged step has them
                 keys, values = self._gather_one(ctx.block_tables[i], key_len)
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
             out[start:end] = self._attend_chunk(q[start:end], keys, values, ctx.cache)

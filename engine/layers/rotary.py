@@ -17,7 +17,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     """Per-pair inverse frequencies [head_dim // 2] (float32), computed the way transformers does."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     rope_type = (scaling or {}).get("rope_type", "default")
-    if rope_type == "default":
+    if rope_type == "default" or scaling is None:
         return inv_freq
     if rope_type == "linear":
         return inv_freq / scaling["factor"]

@@ -54,7 +54,7 @@ def tokenize(request: GenerateRequest, tokenizer: Tokenizer) -> list[int]:
                 template_has_tools=template_supports_tools(tokenizer.chat_template),
             )
         try:
-            return tokenizer.encode_chat(messages, **({"tools": tools} if tools else {}))
+            return tokenizer.encode_chat(messages, tools=tools) if tools else tokenizer.encode_chat(messages)
         except Exception as exc:  # template errors are the caller's input problem
             raise RequestError(f"could not apply the chat template: {exc}", param="messages") from exc
     if isinstance(request.prompt, str):

@@ -333,9 +333,11 @@ def create_app(engine: LLMEngine) -> FastAPI:
 
     # -- OpenAI API ---------------------------------------------------------------------------
 
-    async def openai_endpoint(request: Request, request_cls: type[ChatCompletionRequest | CompletionRequest]):
+    async def openai_endpoint(
+        request: Request, request_cls: type[ChatCompletionRequest] | type[CompletionRequest]
+    ) -> Response:
         try:
-            body = parse_request(request_cls, await request.body())
+            body: ChatCompletionRequest | CompletionRequest = parse_request(request_cls, await request.body())
         except OpenAIRequestError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         request_id = uuid.uuid4().hex

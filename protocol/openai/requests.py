@@ -407,7 +407,7 @@ class CompletionRequest(_Request):
 
 
 OpenAIRequest = ChatCompletionRequest | CompletionRequest
-RequestT = TypeVar("RequestT", ChatCompletionRequest, CompletionRequest)
+RequestT = TypeVar("RequestT", bound=BaseModel)
 
 
 def parse_request(request_cls: type[RequestT], raw: bytes | str) -> RequestT:

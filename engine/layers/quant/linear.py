@@ -33,6 +33,13 @@ def default_backend(device: torch.device | str | None) -> Backend:
 class Int4Linear(nn.Module):
     """W4A16 linear: group-wise 4-bit weights, activations and output in the model dtype."""
 
+    # Buffers, registered in __init__ (the ones of the layer's backend); declared for the type checker.
+    qweight: torch.Tensor
+    codes: torch.Tensor
+    scales: torch.Tensor
+    mins: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(
         self,
         weight: Int4Weight,
@@ -115,6 +122,12 @@ class Int4Linear(nn.Module):
 
 class TernaryLinear(nn.Module):
     """BitNet b1.58 linear: ternary weights, int8 per-token absmax activations, output in x.dtype."""
+
+    # Buffers, registered in __init__; declared for the type checker.
+    qweight: torch.Tensor
+    values_t: torch.Tensor
+    weight_scale: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(
         self,

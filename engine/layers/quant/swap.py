@@ -77,8 +77,11 @@ def install_quantized_weights(
         if isinstance(weight, TernaryWeight) and ternary_kernel:
             model.set_submodule(name, TernaryCpuLinear.from_ternary(weight, bias))
             continue
-        cls = Int4Linear if isinstance(weight, Int4Weight) else TernaryLinear
-        device, dtype = old.weight.device, old.weight.dtype
-        if device.type == "meta":
-            device = None
-        model.set_submodule(name, cls(weight, old.bias, device=device, dtype=dtype, backend=backend))
+        dtype = old.weight.dtype
+        device = None if old.weight.device.type == "meta" else old.weight.device
+        new: nn.Module
+        if isinstance(weight, Int4Weight):
+            new = Int4Linear(weight, old.bias, device=device, dtype=dtype, backend=backend)
+        else:
+            new = TernaryLinear(weight, old.bias, device=device, dtype=dtype, backend=backend)
+        model.set_submodule(name, new)
