@@ -6,12 +6,14 @@ Prints one JSON object:
   optional fields, patterns, formats) compiled on a cold cache: p50/p99/max in ms, the one-off
   vocabulary setup, and the cache-hit path (the same 20 again) p50/p99;
 - ``mixed_batch``: decode steps of a batch of unconstrained greedy rows alone, and with the
-  same number of extra rows held to a grammar (both batches the same size: ``rows``
-  unconstrained + ``rows`` more unconstrained, or + ``rows`` constrained). It reports the step
-  time of each, their ratio, and whether the unconstrained rows produced the same tokens in
-  both (batch independence). Steps are interleaved A/B and the median is reported. On a busy
-  machine that ratio moves by ±10% from run to run, so it also reports the time the masks
-  themselves took per step, the part of the difference that is structured output's.
+  same number of extra rows held to a grammar (a long string; ``mixed_batch_numbers``: an array
+  of numbers, where the number bounds of ``engine/structured/json_bounds.py`` work every step).
+  Both batches are the same size: ``rows`` unconstrained + ``rows`` more unconstrained, or +
+  ``rows`` constrained. It reports the step time of each, their ratio, and whether the
+  unconstrained rows produced the same tokens in both (batch independence). Steps are
+  interleaved A/B and the median is reported. On a busy machine that ratio moves by ±10% from
+  run to run, so it also reports the time the masks themselves took per step, the part of the
+  difference that is structured output's.
 
     python -m engine.bench.structured [--rows 8] [--steps 16] [--rounds 4] [--threads N]
 """
@@ -130,14 +132,24 @@ def bench_compile(engine: LLMEngine) -> dict[str, Any]:
     }
 
 
-def bench_mixed_batch(engine: LLMEngine, *, rows: int, steps: int, rounds: int) -> dict[str, Any]:
+LONG_TEXT = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "minLength": 2000}},  # never finishes within the steps
+    "required": ["story"],
+}
+MANY_NUMBERS = {
+    "type": "object",
+    "properties": {"values": {"type": "array", "items": {"type": "number"}, "minItems": 1000}},
+    "required": ["values"],
+}
+"""Constrained rows that write numbers all along: what the number bounds (json_bounds) cost most."""
+
+
+def bench_mixed_batch(
+    engine: LLMEngine, *, rows: int, steps: int, rounds: int, schema: dict[str, Any] = LONG_TEXT
+) -> dict[str, Any]:
     """Same-size batches: unconstrained rows plus more unconstrained rows (A) or constrained ones (B)."""
-    long_text = {
-        "type": "object",
-        "properties": {"story": {"type": "string", "minLength": 2000}},  # never finishes within the steps
-        "required": ["story"],
-    }
-    grammar = engine.grammars.json_schema(long_text)
+    grammar = engine.grammars.json_schema(schema)
     prompts = [
         engine.tokenizer.encode_chat([{"role": "user", "content": f"Tell story number {i}."}])
         for i in range(rows)
@@ -190,7 +202,7 @@ def bench_mixed_batch(engine: LLMEngine, *, rows: int, steps: int, rounds: int) 
                     if "-free-" in out.request_id:
                         key = out.request_id.split("-", 1)[1]
                         tokens[name].setdefault(key, []).extend(t for d in out.deltas for t in d.token_ids)
-    sampler.mask_logits = unpatched  # type: ignore[assignment]
+    sampler.mask_logits = unpatched
     a = statistics.median(step_ms["unconstrained"])
     b = statistics.median(step_ms["mixed"])
     return {
@@ -229,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "threads": torch.get_num_threads(),
         "compile": bench_compile(engine),
         "mixed_batch": bench_mixed_batch(engine, rows=args.rows, steps=args.steps, rounds=args.rounds),
+        "mixed_batch_numbers": bench_mixed_batch(
+            engine, rows=args.rows, steps=args.steps, rounds=args.rounds, schema=MANY_NUMBERS
+        ),
     }
     print(json.dumps(result))
 

@@ -60,7 +60,9 @@ def apply_grammars(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     rows = [i for i, s in enumerate(seqs) if s.matcher is not None]
     if not rows:
         return logits
-    return mask_logits(logits, rows, [m for s in seqs if (m := s.matcher) is not None])
+    constrained = [s for s in seqs if s.matcher is not None]
+    budgets = [s.max_tokens - s.num_output_tokens for s in constrained]
+    return mask_logits(logits, rows, [m for s in constrained if (m := s.matcher) is not None], budgets)
 
 
 def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:

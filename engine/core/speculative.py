@@ -112,7 +112,7 @@ def verify(logits: torch.Tensor, seq: Sequence, drafts: list[int]) -> list[Sampl
     params = seq.sampling
     raw_logprobs = torch.log_softmax(logits, dim=-1) if (params.logprobs or params.top_logprobs) else None
     if seq.matcher is not None:  # each row masked as a plain step at its position would be
-        logits = mask_draft_rows(logits, seq.matcher, drafts)
+        logits = mask_draft_rows(logits, seq.matcher, drafts, seq.max_tokens - seq.num_output_tokens)
     chosen: list[int] = []
     if params.temperature == 0:
         targets = logits.max(dim=-1).indices.tolist()

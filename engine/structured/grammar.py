@@ -18,7 +18,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import llguidance
@@ -32,6 +32,9 @@ from engine.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+ANY_JSON_OBJECT: dict[str, Any] = {"type": "object"}
+"""What ``json_object`` asks for (``protocol.openai.tools.ANY_JSON_OBJECT`` on the wire)."""
+
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 """One-line JSON with the spacing models write by habit: no runaway newlines, natural-reading output."""
 
@@ -43,9 +46,11 @@ class Grammar:
     source: str
     _pristine: llguidance.LLMatcher
     _bounds: NumberBounds
+    closes: bool = False
+    """Any JSON object (``json_object``): the answer is closed in time for its token budget."""
 
     def matcher(self) -> BoundedMatcher:
-        return BoundedMatcher(self._pristine.deep_copy(), self._bounds)
+        return BoundedMatcher(self._pristine.deep_copy(), self._bounds, closes=self.closes)
 
 
 class GrammarCompiler:
@@ -92,7 +97,8 @@ class GrammarCompiler:
     def json_schema(self, schema: dict[str, Any]) -> Grammar:
         """A grammar for JSON valid against ``schema``; a 400 naming what the schema uses that
         cannot be enforced (rather than silently ignoring it)."""
-        return self.compile(lark_json(schema), param="response_format")
+        grammar = self.compile(lark_json(schema), param="response_format")
+        return replace(grammar, closes=True) if schema == ANY_JSON_OBJECT else grammar
 
     def compile(self, lark: str, *, param: str) -> Grammar:
         started = time.perf_counter()
@@ -162,17 +168,22 @@ def json_with_options(schema: dict[str, Any]) -> str:
     return json.dumps(with_integer_bounds(schema) | {"x-guidance": options}, separators=(",", ":"))
 
 
-def mask_logits(logits: torch.Tensor, rows: list[int], matchers: list[BoundedMatcher]) -> torch.Tensor:
+def mask_logits(
+    logits: torch.Tensor, rows: list[int], matchers: list[BoundedMatcher], budgets: list[int] | None = None
+) -> torch.Tensor:
     """``logits`` with the tokens each matcher forbids set to -inf, on ``rows`` only (others untouched,
-    so unconstrained sequences in the batch sample exactly as they would alone)."""
+    so unconstrained sequences in the batch sample exactly as they would alone); ``budgets``: the
+    tokens each row's answer may still take."""
     bits = _mask_words(len(rows), logits.shape[1])
     for j, matcher in enumerate(matchers):
-        matcher.fill_mask(bits[j])
+        matcher.fill_mask(bits[j], budgets[j] if budgets else None)
     index = torch.tensor(rows, device=logits.device)
     return logits.index_put((index,), _masked(logits[index], bits))
 
 
-def mask_draft_rows(logits: torch.Tensor, matcher: BoundedMatcher, drafts: list[int]) -> torch.Tensor:
+def mask_draft_rows(
+    logits: torch.Tensor, matcher: BoundedMatcher, drafts: list[int], budget: int | None = None
+) -> torch.Tensor:
     """The rows of one sequence's verification step (``logits`` [k + 1, V], row ``i`` after
     ``drafts[:i]``), each masked by the grammar's state at its position: what a plain step there would
     mask. The matcher consumes the drafts to get there and rolls them back, so it ends as it began;
@@ -180,7 +191,7 @@ def mask_draft_rows(logits: torch.Tensor, matcher: BoundedMatcher, drafts: list[
     bits = _mask_words(len(drafts) + 1, logits.shape[1])
     consumed = 0
     for i in range(len(drafts) + 1):
-        matcher.fill_mask(bits[i])
+        matcher.fill_mask(bits[i], None if budget is None else budget - i)
         if i == len(drafts) or matcher.try_consume_tokens([drafts[i]]) != 1:
             break
         consumed += 1

@@ -19,11 +19,13 @@ everything the grammar allows (a schema ``const`` of 30 digits), the grammar's m
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import llguidance
 import numpy as np
+
+from engine.structured.json_closing import closing_text
 
 INT64_BOUND = 2**63 - 1024
 """The largest double below 2**63: llguidance reads schema bounds as doubles, so this is the widest
@@ -111,10 +113,12 @@ def advance(state: State, data: bytes) -> tuple[State, bool]:
 
 
 class NumberBounds:
-    """The vocabulary's view of the bounds: which tokens each lexical state forbids (cached by state)."""
+    """The vocabulary's view of the bounds: which tokens each lexical state forbids (cached by state),
+    and how text is tokenized (to force the closing of a ``json_object`` answer, json_closing)."""
 
-    def __init__(self, token_bytes: Sequence[bytes]) -> None:
+    def __init__(self, token_bytes: Sequence[bytes], tokenize: Callable[[bytes], list[int]]) -> None:
         self.token_bytes = token_bytes
+        self.tokenize = tokenize
         # Only tokens with a digit or a point can break a bound.
         self._candidates = [
             (i, b) for i, b in enumerate(token_bytes) if b"." in b or any(c in _DIGITS for c in b)
@@ -123,7 +127,10 @@ class NumberBounds:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: llguidance.LLTokenizer, vocab_size: int) -> NumberBounds:
-        return cls([tokenizer.decode_bytes([i]) for i in range(vocab_size)])
+        token_bytes = [
+            b"" if tokenizer.is_special_token(i) else tokenizer.decode_bytes([i]) for i in range(vocab_size)
+        ]
+        return cls(token_bytes, tokenizer.tokenize_bytes)
 
     def forbidden(self, state: State) -> np.ndarray:
         """The token ids that would break a bound from ``state`` (usually none)."""
@@ -134,19 +141,30 @@ class NumberBounds:
         return found
 
 
+CLOSING_HORIZON = 48
+"""Tokens left below which a closing answer (``closes``) checks whether it must start closing."""
+CLOSING_SPARE = 4
+
+
 class BoundedMatcher:
-    """An llguidance matcher whose masks also keep numbers within :class:`NumberBounds`."""
+    """An llguidance matcher whose masks also keep numbers within :class:`NumberBounds`, and, for a
+    ``json_object`` answer (``closes``), close it in time for its token budget (json_closing)."""
 
-    __slots__ = ("_bounds", "_matcher", "_states")
+    __slots__ = ("_bounds", "_closes", "_ends", "_matcher", "_states", "_text")
 
-    def __init__(self, matcher: llguidance.LLMatcher, bounds: NumberBounds) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, bounds: NumberBounds, *, closes: bool = False) -> None:
         self._matcher = matcher
         self._bounds = bounds
+        self._closes = closes
         self._states: list[State] = [START]
         """The state before each token consumed, then the current one (rollback pops them)."""
+        self._text = bytearray()
+        self._ends: list[int] = []
+        """The text's length after each token consumed (rollback cuts it back)."""
 
-    def fill_mask(self, words: np.ndarray) -> None:
-        """Write the allowed-token bitmask (llguidance's layout: a bit per token) into ``words``."""
+    def fill_mask(self, words: np.ndarray, budget: int | None = None) -> None:
+        """Write the allowed-token bitmask (llguidance's layout: a bit per token) into ``words``;
+        ``budget`` is how many tokens the answer may still take, this one included."""
         self._matcher.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
         forbidden = self._bounds.forbidden(self._states[-1])
         if forbidden.size:
@@ -154,6 +172,26 @@ class BoundedMatcher:
             np.bitwise_and.at(words, forbidden >> 5, ~(1 << (forbidden & 31)).astype(np.int32))
             if not words.any():  # the bounds would leave nothing: the grammar alone decides
                 words[:] = kept
+        if self._closes and budget is not None and budget <= CLOSING_HORIZON:
+            self._force_closing(words, budget)
+
+    def _force_closing(self, words: np.ndarray, budget: int) -> None:
+        """Allow only the closing's next token once the closing takes about all the tokens left
+        (:data:`CLOSING_SPARE` to spare: one token can open more than one token closes)."""
+        closing = self._bounds.tokenize(closing_text(bytes(self._text)))
+        if not closing or len(closing) + CLOSING_SPARE < budget:
+            return
+        token = closing[0]
+        if words[token >> 5] >> (token & 31) & 1:  # the grammar allows it (it always should)
+            words[:] = 0
+            words[token >> 5] = np.int32(1 << (token & 31)) if token & 31 != 31 else np.int32(-(2**31))
+
+    def _push(self, token_id: int) -> None:
+        self._states.append(self._advance(self._states[-1], token_id)[0])
+        if self._closes:
+            token_bytes = self._bounds.token_bytes
+            self._text += token_bytes[token_id] if token_id < len(token_bytes) else b""
+            self._ends.append(len(self._text))
 
     def _advance(self, state: State, token_id: int) -> tuple[State, bool]:
         token_bytes = self._bounds.token_bytes
@@ -162,7 +200,7 @@ class BoundedMatcher:
     def consume_token(self, token_id: int) -> bool:
         if not self._matcher.consume_token(token_id):
             return False
-        self._states.append(self._advance(self._states[-1], token_id)[0])
+        self._push(token_id)
         return True
 
     def consume_tokens(self, token_ids: list[int]) -> bool:
@@ -173,7 +211,7 @@ class BoundedMatcher:
         allowed = self.validate_tokens(token_ids)
         consumed = self._matcher.try_consume_tokens(token_ids[:allowed]) if allowed else 0
         for token_id in token_ids[:consumed]:
-            self._states.append(self._advance(self._states[-1], token_id)[0])
+            self._push(token_id)
         return consumed
 
     def validate_tokens(self, token_ids: list[int]) -> int:
@@ -189,6 +227,9 @@ class BoundedMatcher:
     def rollback(self, num_tokens: int) -> None:
         self._matcher.rollback(num_tokens)
         del self._states[len(self._states) - num_tokens :]
+        if self._closes and num_tokens:
+            del self._ends[len(self._ends) - num_tokens :]
+            del self._text[self._ends[-1] if self._ends else 0 :]
 
     def compute_ff_tokens(self) -> list[int]:
         return self._matcher.compute_ff_tokens()

@@ -28,7 +28,8 @@ SEEDS = range(20)
 NEEDED = 19
 
 # The first three are the ones a new user tried (issue 37): a schema with a bounded-below integer,
-# the same as the openai SDK writes it for a pydantic ``City`` (integer unbounded, strict).
+# the same as the openai SDK writes it for a pydantic ``City`` (integer unbounded, strict), and
+# ``json_object`` (any object: before its closing, 7 seeds in 20 nested or listed on until cut).
 CITY = closed_object(
     city={"type": "string"}, country={"type": "string"}, population={"type": "integer", "minimum": 0}
 )
@@ -58,6 +59,7 @@ SENTIMENT = closed_object(
 CASES: dict[str, tuple[dict[str, Any], str]] = {
     "city": (CITY, "Describe Paris."),
     "city_from_pydantic": (CITY_FROM_PYDANTIC, "Describe Paris."),
+    "json_object": ({"type": "object"}, "Give me a JSON object about cats."),
     "fruits": (FRUITS, "List some fruits with their calories."),
     "sentiment": (SENTIMENT, "Classify the sentiment of: 'I loved this movie!'"),
 }

@@ -18,6 +18,7 @@ from engine.core.outputs import RequestError
 from engine.serving.frames import generate_frames
 from engine.serving.requests import engine_request
 from engine.structured.grammar import closed_object
+from engine.structured.json_closing import closing_text
 from engine.structured.tool_calls import ToolCallFormat, ToolCallParser, tool_call_format
 from engine.structured.tools import forced_call_grammar, prompt_messages
 from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest, ToolSpec
@@ -124,15 +125,39 @@ def test_unconstrained_rows_sample_exactly_as_they_would_alone(make_engine: Engi
         ]
 
 
-def test_json_object_mode_gives_an_object(make_engine: EngineFactory) -> None:
+@pytest.mark.parametrize("max_tokens", [12, 40])
+def test_json_object_mode_gives_an_object_closed_within_max_tokens(
+    make_engine: EngineFactory, max_tokens: int
+) -> None:
+    """The random-weight model rambles at temperature 1: every answer still ends as one object,
+    closed in time for its budget (json_closing), with or without speculation's drafts."""
     engine = make_engine()
-    frames = run(
-        engine, [wire("obj", json_schema={"type": "object"}, sampling={"seed": 1, "max_tokens": 200})]
-    )
-    text = choice_text(frames["obj"])
-    if frames["obj"][-1].finish_reason == "stop":  # type: ignore[union-attr]
-        assert isinstance(json.loads(text), dict)
-    assert text.startswith("{")
+    requests = [
+        wire(f"obj{seed}", json_schema={"type": "object"}, sampling={"seed": seed, "max_tokens": max_tokens})
+        for seed in range(8)
+    ]
+    for frames in run(engine, requests).values():
+        assert isinstance(json.loads(choice_text(frames)), dict)
+        assert sum(len(f.token_ids) for f in frames if isinstance(f, DeltaFrame)) <= max_tokens
+
+
+@pytest.mark.parametrize(
+    ("prefix", "closed"),
+    [
+        ("", "{}"),
+        ('{"a', '{"a": null}'),
+        ('{"a": ', '{"a": null}'),
+        ('{"a": "x\\', '{"a": "x\\n"}'),
+        ('{"a": "\\u1', '{"a": "\\u1000"}'),
+        ('{"a": 1e+', '{"a": 1e+0}'),
+        ('{"a": [1, {"b": [', '{"a": [1, {"b": []}]}'),
+        ('{"a": 1, ', '{"a": 1, "": null}'),
+        ('{"a": "}]\\"", "b": [[], [tru', '{"a": "}]\\"", "b": [[], [true]]}'),
+    ],
+)
+def test_the_closing_of_a_json_prefix_is_the_shortest_that_parses(prefix: str, closed: str) -> None:
+    assert prefix + closing_text(prefix.encode()).decode() == closed
+    json.loads(closed)
 
 
 def test_unsupported_schema_keyword_is_refused_by_name(make_engine: EngineFactory) -> None:
