@@ -31,5 +31,10 @@ class LimitsSettings(BaseSettings):
     )
     replicas: int = Field(1, ge=1, description="Gateway processes sharing the limits (for fail-open).")
     redis_retry_s: float = Field(1.0, gt=0, description="How long to stay on the fallback before retrying.")
-    budget_status: Literal[402, 429] = Field(429, description="Status for a request over a monthly budget.")
+    budget_status: Literal[402, 429] = Field(
+        429, description="Status for a request whose worst case does not fit a token budget."
+    )
+    spend_budget_status: Literal[402, 429] = Field(
+        402, description="Status for a request whose worst case does not fit a spend budget."
+    )
     config_cache_s: float = Field(5.0, ge=0, description="How long tenant/key limit rows are cached.")

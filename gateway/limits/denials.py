@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from gateway.budgets.periods import resets_at
 from gateway.budgets.rules import BudgetRule, from_nano
 from gateway.errors import OpenAIError
+from gateway.limits.config import LimitsSettings
 from gateway.limits.schemas import Admission, Scope, WindowState, rate_limit_headers, retry_after_seconds
 from gateway.metrics import limit_refusals_by
 
@@ -21,7 +22,7 @@ class Denial:
     """The budget that refused (``token_budget`` / ``spend_budget``)."""
 
 
-def raise_denial(denial: Denial, admission: Admission, budget_status: int) -> None:
+def raise_denial(denial: Denial, admission: Admission, settings: LimitsSettings) -> None:
     limit_refusals_by(denial.reason).inc()
     scope, reserve = denial.scope, admission.reserved_tokens
     retry = retry_after_seconds(denial.retry_after_ms)
@@ -71,7 +72,7 @@ def raise_denial(denial: Denial, admission: Admission, budget_status: int) -> No
         seconds = max(1, int((reset - admission.admitted_at).total_seconds()))
         budget_headers["retry-after"] = str(seconds)
     raise OpenAIError(
-        budget_status,
+        settings.budget_status if budget.metric == "tokens" else settings.spend_budget_status,
         message,
         code="insufficient_quota",
         type="insufficient_quota",

@@ -176,7 +176,7 @@ class RateLimiter:
                         continue  # slots or reservations of a dead gateway were holding it: try again
                 budget = scope.budgets[int(fields[4]) - 1] if fields[2].endswith(b"_budget") else None
                 denial = Denial(scope, fields[2].decode(), int(fields[3]), budget)
-                raise_denial(denial, admission, self.settings.budget_status)
+                raise_denial(denial, admission, self.settings)
             self._read_ok(fields, admission)
             return
         raise RuntimeError("budget counters could not be seeded")  # pragma: no cover
@@ -243,14 +243,14 @@ class RateLimiter:
                 need = admission.reserved_tokens if budget.metric == "tokens" else admission.reserved_nano
                 if used + need > budget.limit:
                     reason = "token_budget" if budget.metric == "tokens" else "spend_budget"
-                    raise_denial(Denial(scope, reason, 0, budget), admission, self.settings.budget_status)
+                    raise_denial(Denial(scope, reason, 0, budget), admission, self.settings)
         denial = self.local.admit(
             admission_id=admission.admission_id,
             scopes=admission.limits.scopes,
             reserve=admission.reserved_tokens,
         )
         if denial is not None:
-            raise_denial(denial, admission, self.settings.budget_status)
+            raise_denial(denial, admission, self.settings)
 
     # ------------------------------------------------------------ settlement
 

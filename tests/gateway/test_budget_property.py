@@ -88,10 +88,12 @@ async def send(client: httpx.AsyncClient, secret: str, req: Req) -> httpx.Respon
 
 
 def assert_answered(response: httpx.Response) -> bool:
-    """True when served; a refusal must be a budget's (OpenAI's shape, insufficient_quota)."""
+    """True when served; a refusal must be a budget's (OpenAI's shape, insufficient_quota; 429 for a
+    token budget, 402 for a spend budget)."""
     if response.status_code == 200:
         return True
-    assert response.status_code == 429, response.text
+    assert response.status_code in (402, 429), response.text
+    assert ("spend budget" in response.text) == (response.status_code == 402), response.text
     assert response.json()["error"]["code"] == "insufficient_quota"
     return False
 

@@ -147,7 +147,7 @@ async def test_monthly_token_budget_stops_requests_and_survives_redis_loss(
 async def test_monthly_spend_budget_with_402(
     app, client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key
 ) -> None:
-    gateway_state(app).request_limiter.limiter.settings.budget_status = 402
+    assert gateway_state(app).request_limiter.limiter.settings.spend_budget_status == 402  # the default
     price = {"model": "fake-model", "prompt_per_mtok": "1000", "completion_per_mtok": "2000"}
     assert (await client.post("/admin/prices", json=price, headers=admin_headers)).status_code == 201
     _, key, key_id = await create_tenant_and_key()
