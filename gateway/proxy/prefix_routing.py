@@ -26,7 +26,8 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from protocol.openai.requests import ChatCompletionRequest, ChatMessageIn, OpenAIRequest
+from protocol.openai.messages import ChatMessageIn
+from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
 E = TypeVar("E", bound=Hashable)
 
