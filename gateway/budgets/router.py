@@ -43,14 +43,11 @@ def _state(request: Request) -> BudgetsState:
     return state
 
 
-@router.get("")
-async def list_budgets(
-    request: Request, actor: AdminActor, session: DbSession, tenant: uuid.UUID, key: uuid.UUID | None = None
-) -> BudgetList:
-    """Every budget of a tenant (and of its keys; ``key=`` for one key's) with what it has used and
-    holds for requests in flight in its current period, and when that period resets."""
+async def _statuses(
+    request: Request, session: DbSession, actor: AdminActor, tenant: uuid.UUID, key: uuid.UUID | None
+) -> list[BudgetStatus]:
     state = _state(request)
-    statuses = await service.budget_statuses(
+    return await service.budget_statuses(
         session,
         actor=actor,
         redis=state.limits_redis,
@@ -58,7 +55,15 @@ async def list_budgets(
         tenant_id=tenant,
         key_id=key,
     )
-    return BudgetList(data=statuses)
+
+
+@router.get("")
+async def list_budgets(
+    request: Request, actor: AdminActor, session: DbSession, tenant: uuid.UUID, key: uuid.UUID | None = None
+) -> BudgetList:
+    """Every budget of a tenant (and of its keys; ``key=`` for one key's) with what it has used and
+    holds for requests in flight in its current period, and when that period resets."""
+    return BudgetList(data=await _statuses(request, session, actor, tenant, key))
 
 
 @router.post("", status_code=201)
@@ -67,15 +72,7 @@ async def create_budget(
 ) -> BudgetStatus:
     row = await service.create_budget(session, actor=actor, body=body)
     _state(request).request_limiter.policies.forget()  # this process at once, others within the cache TTL
-    state = _state(request)
-    statuses = await service.budget_statuses(
-        session,
-        actor=actor,
-        redis=state.limits_redis,
-        db_engine=state.db_engine,
-        tenant_id=row.tenant_id,
-        key_id=row.key_id,
-    )
+    statuses = await _statuses(request, session, actor, row.tenant_id, row.key_id)
     return next(s for s in statuses if s.id == row.id)
 
 
