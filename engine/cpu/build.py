@@ -25,6 +25,8 @@ SOURCES = tuple(
     for name in (
         "quant_kernels.c",
         "kquant_kernels.c",
+        "kquant_tiled_kernels.c",
+        "q6_k_tiled_kernels.c",
         "attention_kernels.c",
         "layer_kernels.c",
         "ternary_kernels.c",

@@ -44,6 +44,11 @@ KERNEL_TYPES: dict[GGMLType, KernelFormat] = {
     GGMLType.Q5_K: KernelFormat("q5_k", 3, 256),
     GGMLType.Q6_K: KernelFormat("q6_k", 4, 256),
 }
+Q4_K_TILED = KernelFormat("q4_k_tiled", 6, 256)
+Q6_K_TILED = KernelFormat("q6_k_tiled", 7, 256)
+TILED_FORMATS = {GGMLType.Q4_K: Q4_K_TILED, GGMLType.Q6_K: Q6_K_TILED}
+"""Q4_K and Q6_K rearranged tile by tile for their VNNI kernels (:func:`tile`), where the build has them
+(``kernels.q4_1_tiled()``) and the rows fill whole tiles of 16."""
 _KQUANT_TYPE = {GGMLType.Q4_K: 0, GGMLType.Q5_K: 1, GGMLType.Q6_K: 2}
 """The type argument of tern_matmul_kquant."""
 
@@ -61,6 +66,11 @@ def _lib() -> ctypes.CDLL:
     lib = kernels._lib()
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tern_matmul_kquant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    for name in ("tern_matmul_q4_k_tiled", "tern_matmul_q6_k_tiled"):
+        getattr(lib, name).argtypes = [ptr, i64, i64, ptr, i64, ptr]
+    lib.tern_tile_q4_k.argtypes = lib.tern_tile_q6_k.argtypes = [ptr, i64, i64]
+    lib.tern_dequantize_q6_k_tiled.argtypes = [ptr, i64, ptr, i64, ptr]
+    lib.tern_dequantize_q6_k_tiled.restype = None
     return lib
 
 
@@ -87,6 +97,57 @@ def matmul_kquant(x: torch.Tensor, blocks: torch.Tensor, ggml_type: GGMLType) ->
         )
     )
     return out
+
+
+TILE_N = 16
+
+
+_SB_BYTES = {GGMLType.Q4_K: 144, GGMLType.Q6_K: 210}
+
+
+def tiles(ggml_type: GGMLType, out_features: int) -> bool:
+    """Whether a weight of this type and rows runs tile by tile (:func:`tile`)."""
+    return ggml_type in TILED_FORMATS and out_features % TILE_N == 0 and kernels.q4_1_tiled()
+
+
+def tile(blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
+    """Q4_K or Q6_K rows of blocks [N, K / 256 * block bytes] (N a multiple of 16) rearranged in place
+    into the tiled kernel's layout (kquant_tiled_kernels.c, q6_k_tiled_kernels.c: per tile of 16 rows
+    and super-block, the 16 columns' scales, then the codes paired for vpdpwssd): the same bytes in
+    another order, in the blocks' own memory, a tile at a time. Returns it as [N / 16, K / 256, bytes]."""
+    n, row = blocks.shape
+    sb_bytes = _SB_BYTES[ggml_type]
+    if n % TILE_N or row % sb_bytes or blocks.dtype != torch.uint8 or not blocks.is_contiguous():
+        raise kernels.KernelError(
+            f"{ggml_type.name} tiles need whole tiles of 16 rows, not {tuple(blocks.shape)}"
+        )
+    retile = _lib().tern_tile_q4_k if ggml_type == GGMLType.Q4_K else _lib().tern_tile_q6_k
+    kernels._check(retile(blocks.data_ptr(), n, row // sb_bytes))
+    return blocks.view(n // TILE_N, row // sb_bytes, TILE_N * sb_bytes)
+
+
+def matmul_tiled(x: torch.Tensor, tiled: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(W)^T -> [M, N]; W Q4_K or Q6_K from :func:`tile`."""
+    x = kernels._rows(x)
+    m, k = x.shape
+    count, nsb, _ = tiled.shape
+    if nsb * 256 != k or not tiled.is_contiguous():
+        raise kernels.KernelError(
+            f"rows of {k} do not fit tiled {ggml_type.name} blocks {tuple(tiled.shape)}"
+        )
+    out = torch.empty(m, count * TILE_N, dtype=torch.float32)
+    matmul = _lib().tern_matmul_q4_k_tiled if ggml_type == GGMLType.Q4_K else _lib().tern_matmul_q6_k_tiled
+    kernels._check(matmul(x.data_ptr(), m, k, tiled.data_ptr(), count * TILE_N, out.data_ptr()))
+    return out
+
+
+def dequantize_q6_k_tiled(tiled: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` (any shape) of a Q6_K weight from :func:`tile`, float32 [*ids, K]."""
+    flat = ids.reshape(-1).to(torch.int64).contiguous()
+    nsb = tiled.shape[1]
+    out = torch.empty(flat.numel(), nsb * 256)
+    _lib().tern_dequantize_q6_k_tiled(tiled.data_ptr(), nsb, flat.data_ptr(), flat.numel(), out.data_ptr())
+    return out.reshape(*ids.shape, nsb * 256)
 
 
 def q8_0_from_blocks(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

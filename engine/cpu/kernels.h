@@ -32,6 +32,23 @@ int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, co
 int tern_q4_1_tiled(void);
 int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const uint16_t *wd, int64_t N,
                      float *out);
+/* Rows of x for the K-quant kernels: int16 codes [M, K] with one scale a row (d [M]), and the exact
+ * sums of each 32-block's codes, unscaled ([M, K/32]). */
+typedef struct {
+    int16_t *qs;
+    float *d;
+    float *sums;
+} TernRows;
+void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s);
+int tern_kquant_rows(const float *x, int64_t M, int64_t K, TernRows *q);
+void tern_free_kquant_rows(TernRows *q);
+/* Q4_K tile by tile (kquant_tiled_kernels.c; kernels.tern_q4_1_tiled() builds only): w from ggml_kernels.tile. */
+int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
+int tern_tile_q4_k(uint8_t *w, int64_t N, int64_t nsb);
+/* Q6_K tile by tile (q6_k_tiled_kernels.c), the same way. */
+int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
+int tern_tile_q6_k(uint8_t *w, int64_t N, int64_t nsb);
+void tern_dequantize_q6_k_tiled(const uint8_t *w, int64_t nsb, const int64_t *ids, int64_t count, float *out);
 /* type 0 Q4_K, 1 Q5_K, 2 Q6_K; w [N, K/256] super-blocks as GGUF stores them (kquant_kernels.c). */
 int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out);

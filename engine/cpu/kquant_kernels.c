@@ -54,16 +54,8 @@ static inline void unpack_scales(const uint8_t *packed, uint8_t out[16]) {
     memcpy(out, u, 16);
 }
 
-/* A row of x as the kernels take it: int16 codes [K], its scale, and the float sums of each 32-block's codes. */
-typedef struct {
-    int16_t *qs;
-    float *d;
-    float *sums; /* [M, K/32]: unscaled, exact (at most 32 * 32767) */
-} Rows;
-
-void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s);
-
-static int quantize(const float *x, int64_t M, int64_t K, Rows *q) {
+/* The rows of x as the kernels take them (kernels.h, TernRows). */
+int tern_kquant_rows(const float *x, int64_t M, int64_t K, TernRows *q) {
     const int64_t nb = K / SUB;
     q->qs = (int16_t *)malloc((size_t)(M * K) * sizeof(int16_t));
     q->d = (float *)malloc((size_t)M * sizeof(float));
@@ -81,11 +73,13 @@ static int quantize(const float *x, int64_t M, int64_t K, Rows *q) {
     return 0;
 }
 
-static void free_rows(Rows *q) {
+void tern_free_kquant_rows(TernRows *q) {
     free(q->qs);
     free(q->d);
     free(q->sums);
 }
+
+typedef TernRows Rows;
 
 /* One super-block's header as a column of the micro-kernel needs it. */
 typedef struct {
@@ -353,8 +347,8 @@ int tern_matmul_kquant(int type, const float *x, int64_t M, int64_t K, const uin
     if (K % QK_K || type < Q4_K || type > Q6_K) return -2;
     const int64_t nsb = K / QK_K;
     Rows q;
-    if (quantize(x, M, K, &q)) {
-        free_rows(&q);
+    if (tern_kquant_rows(x, M, K, &q)) {
+        tern_free_kquant_rows(&q);
         return -1;
     }
     const int64_t tiles = (N + TILE_N - 1) / TILE_N;
@@ -368,6 +362,6 @@ int tern_matmul_kquant(int type, const float *x, int64_t M, int64_t K, const uin
         else
             TILE_LOOP(Q6_K);
     }
-    free_rows(&q);
+    tern_free_kquant_rows(&q);
     return 0;
 }

@@ -91,7 +91,16 @@ typedef struct TernLinear {
     const float *row_scales; /* ternary: [N] float32, or NULL where `scales` holds its [N, K/256] block scales */
 } TernLinear;
 
-enum { FORMAT_Q8_0 = 0, FORMAT_Q4_1 = 1, FORMAT_Q4_K = 2, FORMAT_Q5_K = 3, FORMAT_Q6_K = 4, FORMAT_TQ2_0 = 5 };
+enum {
+    FORMAT_Q8_0 = 0,
+    FORMAT_Q4_1 = 1,
+    FORMAT_Q4_K = 2,
+    FORMAT_Q5_K = 3,
+    FORMAT_Q6_K = 4,
+    FORMAT_TQ2_0 = 5,
+    FORMAT_Q4_K_TILED = 6,
+    FORMAT_Q6_K_TILED = 7
+};
 
 typedef struct {
     TernLinear qkv, o, gate_up, down;
@@ -118,6 +127,8 @@ static int part(const TernLinear *w, const float *x, int64_t M, float *out) {
     case FORMAT_TQ2_0:
         return tern_matmul_tq2(x, M, K, (const uint8_t *)w->qweight, w->row_scales, w->row_scales ? NULL : w->scales,
                                N, out);
+    case FORMAT_Q4_K_TILED: return tern_matmul_q4_k_tiled(x, M, K, (const uint8_t *)w->qweight, N, out);
+    case FORMAT_Q6_K_TILED: return tern_matmul_q6_k_tiled(x, M, K, (const uint8_t *)w->qweight, N, out);
     default: return -2;
     }
 }

@@ -26,8 +26,17 @@ class GgmlLinear(nn.Module):
     """Drop-in for a float32 CPU ``nn.Linear`` whose weight is GGUF blocks of a type with a kernel."""
 
     def __init__(
-        self, blocks: torch.Tensor, ggml_type: GGMLType, in_features: int, bias: torch.Tensor | None = None
+        self,
+        blocks: torch.Tensor,
+        ggml_type: GGMLType,
+        in_features: int,
+        bias: torch.Tensor | None = None,
+        *,
+        rows_looked_up: bool = False,
     ) -> None:
+        """``blocks`` are consumed: rearranged in place into the kernel's layout (Q8_0's split, Q4_K's
+        tiles). ``rows_looked_up``: an embedding reads rows of it too (a tied head), so its rows stay
+        rows of GGUF blocks."""
         super().__init__()
         spec = ggml_kernels.kernel_format(ggml_type, in_features)
         if spec is None:
@@ -40,6 +49,14 @@ class GgmlLinear(nn.Module):
             self.ggml_type = GGMLType.Q8_0
         elif ggml_type == GGMLType.Q8_0:
             self.qweight, self.scales = ggml_kernels.q8_0_from_blocks(blocks)
+        elif ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
+            ggml_type == GGMLType.Q6_K or not rows_looked_up
+        ):
+            # tile by tile for the VNNI kernels (a tied Q6_K head's rows are dequantized from its tiles)
+            self.qweight, self.format = (
+                ggml_kernels.tile(blocks, ggml_type),
+                ggml_kernels.TILED_FORMATS[ggml_type].name,
+            )
         else:
             self.qweight = blocks
         self.bias = None if bias is None else bias.detach().float()
@@ -48,6 +65,8 @@ class GgmlLinear(nn.Module):
         rows = x.reshape(-1, self.in_features)
         if self.scales is not None:
             out = cpu_kernels.matmul_q8_0(rows, self.qweight, self.scales)
+        elif self.qweight.dim() == 3:  # tile by tile
+            out = ggml_kernels.matmul_tiled(rows, self.qweight, self.ggml_type)
         else:
             out = ggml_kernels.matmul_kquant(rows, self.qweight, self.ggml_type)
         if self.bias is not None:
@@ -59,6 +78,8 @@ class GgmlLinear(nn.Module):
         if self.scales is not None:
             codes, scales = self.qweight[ids], self.scales[ids]
             return (codes.float().unflatten(-1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(-2)
+        if self.qweight.dim() == 3:
+            return ggml_kernels.dequantize_q6_k_tiled(self.qweight, ids)
         return dequantize_rows(self.qweight, self.ggml_type, ids)
 
     def extra_repr(self) -> str:
@@ -82,7 +103,8 @@ class GgmlEmbedding(nn.Module):
     def __init__(self, source: GgmlLinear | tuple[torch.Tensor, GGMLType], embedding_dim: int) -> None:
         super().__init__()
         self.head = source if isinstance(source, GgmlLinear) else None
-        self.blocks, self.ggml_type = (None, None) if isinstance(source, GgmlLinear) else source
+        self.blocks: torch.Tensor | None = None if isinstance(source, GgmlLinear) else source[0]
+        self.ggml_type: GGMLType | None = None if isinstance(source, GgmlLinear) else source[1]
         rows = source.out_features if isinstance(source, GgmlLinear) else source[0].shape[0]
         self.num_embeddings, self.embedding_dim = rows, embedding_dim
 
@@ -107,8 +129,8 @@ class StackedLinear(nn.Module):
     def __init__(self, parts: Sequence[nn.Module]) -> None:
         super().__init__()
         self.parts = nn.ModuleList(parts)
-        self.in_features = parts[0].in_features
-        self.out_features = sum(p.out_features for p in parts)
+        self.in_features: int = int(parts[0].in_features)  # type: ignore[arg-type]
+        self.out_features: int = sum(int(p.out_features) for p in parts)  # type: ignore[arg-type, misc]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([p(x) for p in self.parts], dim=-1)

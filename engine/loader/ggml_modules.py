@@ -29,7 +29,7 @@ class GgmlBlocks:
         for name, tensor in tensors:
             module, suffix, type_name = name.partition(BLOCKS_SUFFIX)
             if suffix:
-                self.tensors[module] = (tensor, GGMLType[type_name])
+                self.tensors[module] = (tensor, GGMLType.__members__[type_name])
             else:
                 yield name, tensor
 
@@ -47,13 +47,14 @@ class GgmlBlocks:
             if module == EMBEDDING:
                 continue
             linear = model.get_submodule(module)
-            model.set_submodule(module, GgmlLinear(blocks, ggml_type, linear.in_features, linear.bias))
+            bias: torch.Tensor | None = linear.bias  # type: ignore[assignment]
+            model.set_submodule(module, GgmlLinear(blocks, ggml_type, int(linear.in_features), bias))  # type: ignore[arg-type]
             installed += 1
         if EMBEDDING in self.tensors:
             blocks, ggml_type = self.tensors[EMBEDDING]
-            width = model.get_submodule(EMBEDDING).embedding_dim
+            width = int(model.get_submodule(EMBEDDING).embedding_dim)  # type: ignore[arg-type]
             if tied and kernel_format(ggml_type, width) is not None:
-                head = GgmlLinear(blocks, ggml_type, width)
+                head = GgmlLinear(blocks, ggml_type, width, rows_looked_up=True)
                 model.set_submodule(HEAD, head)
                 model.set_submodule(EMBEDDING, GgmlEmbedding(head, width))
                 installed += 2

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from engine.cpu import kernels as cpu_kernels
-from engine.cpu.ggml_kernels import KERNEL_TYPES
+from engine.cpu.ggml_kernels import KERNEL_TYPES, TILED_FORMATS
 from engine.layers.attention_backends import CDecode
 from engine.layers.context import get_context
 from engine.layers.ggml_linear import StackedLinear
@@ -29,7 +29,9 @@ from engine.models.bitnet import BitNetAttention, BitNetDecoderLayer, BitNetMLP
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
 
 # format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
-_FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {spec.name: spec.c_id for spec in KERNEL_TYPES.values()}
+_FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {
+    spec.name: spec.c_id for spec in (*KERNEL_TYPES.values(), *TILED_FORMATS.values())
+}
 
 
 class _Linear(ctypes.Structure):

@@ -72,6 +72,35 @@ def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None
         assert torch.equal(ggml_kernels.matmul_kquant(x[: i + 1], blocks, ggml_type)[i], batch[i])
 
 
+@pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("rows", [1, 4, 5, 9, 17])
+def test_tiled_kquant_kernels_match_the_reference_and_the_batch(ggml_type: Q, rows: int) -> None:
+    raw = random_blocks(ggml_type, 48, 512, seed=rows)
+    tiled = ggml_kernels.tile(torch.from_numpy(raw.copy()), ggml_type)
+    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
+    out = ggml_kernels.matmul_tiled(x, tiled, ggml_type)
+    torch.testing.assert_close(out, ggml_kernels.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-4)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(ggml_kernels.matmul_tiled(x, tiled, ggml_type), out)
+    finally:
+        torch.set_num_threads(threads)
+    for i in range(rows):
+        assert torch.equal(ggml_kernels.matmul_tiled(x[i : i + 1], tiled, ggml_type)[0], out[i])
+
+
+@pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
+def test_a_tied_q6_k_heads_tiles_give_the_embedding_rows_back() -> None:
+    raw = random_blocks(Q.Q6_K, 32, 512)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q6_K, 512, rows_looked_up=True)
+    assert head.format == "q6_k_tiled"
+    ids = torch.tensor([[0, 31, 17], [16, 15, 15]])
+    expected = ggml_kernels.dequantize_ref(raw, Q.Q6_K)[ids]
+    torch.testing.assert_close(GgmlEmbedding(head, 512)(ids), expected, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("ggml_type", [Q.Q8_0, Q.Q5_0])
 def test_q8_0_and_q5_0_blocks_run_as_q8_0_exactly(ggml_type: Q) -> None:
     raw = random_blocks(ggml_type, 20, 256)
@@ -90,7 +119,7 @@ def test_embedding_rows_are_the_dequantized_table() -> None:
     ids = torch.tensor([[0, 29, 7], [7, 3, 3]])
     expected = ggml_kernels.dequantize_ref(raw, Q.Q6_K)[ids]
     assert torch.equal(GgmlEmbedding((torch.from_numpy(raw), Q.Q6_K), 256)(ids), expected)
-    head = GgmlLinear(torch.from_numpy(raw), Q.Q6_K, 256)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q6_K, 256, rows_looked_up=True)  # 30 rows: not tiled
     assert torch.equal(GgmlEmbedding(head, 256)(ids), expected)
 
 
@@ -133,7 +162,12 @@ def test_a_mixed_gguf_loads_in_its_own_blocks(
         name: layer.get_submodule(name).format
         for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")
     }
-    assert formats == {"self_attn.q_proj": "q4_k", "self_attn.v_proj": "q6_k", "mlp.up_proj": "q8_0"}
+    tiled = "_tiled" if kernels.q4_1_tiled() else ""  # 256 and 128 rows: whole tiles
+    assert formats == {
+        "self_attn.q_proj": "q4_k" + tiled,
+        "self_attn.v_proj": "q6_k" + tiled,
+        "mlp.up_proj": "q8_0",
+    }
     assert not any(type(m) is nn.Linear for m in model.modules())  # no float weight anywhere
     ids = [3, 70, 101, 200, 12, 256, 9]
     expected = _logits(exact.model, ids)

@@ -1,0 +1,169 @@
+/* Q4_K with AVX-512 VNNI, tile by tile: the q4_1 VNNI kernel's scheme (quant_kernels.c, tiled_q4_1) for
+ * GGUF's Q4_K super-blocks, where the row-by-row kernel (kquant_kernels.c) spends most of a one-row
+ * step unpacking each column's codes and scales on its own.
+ *
+ * The weight is rearranged at load, in place (ggml_kernels.tile_q4_k: the same 144 bytes a row and
+ * super-block), for tiles of 16 rows; per tile t and super-block s, 2304 bytes:
+ *   [0, 32)      d of the 16 columns (float16), [32, 64) their dmin;
+ *   [64, 256)    the 12 bytes of 6-bit scales and mins, byte b of column c at 64 + 16 b + c;
+ *   [256, 2304)  codes: sub-block j, chunk k (32 bytes at 256 + 256 j + 32 k): byte 2c + e holds column
+ *                c's element 4k + e of the sub-block in its low nibble, 4k + 2 + e in its high one.
+ * A chunk widened to int16 meets a broadcast pair of a row's int16 codes in vpdpwssd: both products
+ * into column c's int32 lane (exact: at most 32 * 15 * 32767 a sub-block). Per sub-block the 16
+ * columns' scales d * sc_j and mins dmin * m_j are unpacked once for all rows (16 columns a vector),
+ * then one FMA applies the scale and one takes the min against the row's block sum: every element
+ * the same operations in the same order in any batch or thread count.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#ifdef TERN_Q4_TILED
+#define QK_K 256
+#define TILE_N 16
+#define TILE_BYTES 2304
+#define PREFETCH_BYTES 1024
+
+static inline int32_t code_pair(const int16_t *codes) {
+    int32_t pair;
+    memcpy(&pair, codes, sizeof pair);
+    return pair;
+}
+
+/* The 16 columns' scale (sc) and min (m) of sub-block j from the byte-major packed bytes q[12]
+ * (ggml's get_scale_min_k4, 16 columns at a time). */
+static inline __attribute__((always_inline)) void scale_min(const __m128i *q, int j, __m128i *sc, __m128i *m) {
+    const __m128i low6 = _mm_set1_epi8(0x3F), low4 = _mm_set1_epi8(0x0F), low2 = _mm_set1_epi8(0x03);
+    if (j < 4) {
+        *sc = _mm_and_si128(q[j], low6);
+        *m = _mm_and_si128(q[j + 4], low6);
+    } else {
+        const __m128i top_sc = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(q[j - 4], 6), low2), 4);
+        const __m128i top_m = _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(q[j], 6), low2), 4);
+        *sc = _mm_or_si128(_mm_and_si128(q[j + 4], low4), top_sc);
+        *m = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(q[j + 4], 4), low4), top_m);
+    }
+}
+
+static inline __m512 bytes_to_floats(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
+
+static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t, const TernRows *x,
+                                                       int64_t r0, int64_t N, int64_t K, float *out, const int RR) {
+    __m512 acc[8];
+    for (int i = 0; i < RR; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
+        for (int line = 0; line < TILE_BYTES; line += 64)
+            _mm_prefetch((const char *)block + 2 * TILE_BYTES + line, _MM_HINT_T0);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 32)));
+        __m128i q[12];
+        for (int b = 0; b < 12; b++) q[b] = _mm_loadu_si128((const __m128i *)(block + 64 + 16 * b));
+        for (int j = 0; j < 8; j++) {
+            __m128i sc, m;
+            scale_min(q, j, &sc, &m);
+            const __m512 scale = _mm512_mul_ps(d, bytes_to_floats(sc)), min = _mm512_mul_ps(dmin, bytes_to_floats(m));
+            const uint8_t *codes = block + 256 + 256 * j;
+            /* up to 4 rows, the high halves go to a second chain (integer sums: the same result), so a
+             * decode step's one row is not held up by the latency of one chain of 16 */
+            __m512i dots[8], highs[4];
+            for (int i = 0; i < RR; i++) dots[i] = _mm512_setzero_si512();
+            for (int i = 0; i < RR && RR <= 4; i++) highs[i] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) {
+                const __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + 32 * k)));
+                const __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
+                for (int i = 0; i < RR; i++) {
+                    const int16_t *xs = x->qs + (r0 + i) * K + s * QK_K + 32 * j + 4 * k;
+                    dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xs)));
+                    if (RR <= 4)
+                        highs[i & 3] = _mm512_dpwssd_epi32(highs[i & 3], high, _mm512_set1_epi32(code_pair(xs + 2)));
+                    else
+                        dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xs + 2)));
+                }
+            }
+            for (int i = 0; i < RR; i++) {
+                const __m512i dot = RR <= 4 ? _mm512_add_epi32(dots[i], highs[i & 3]) : dots[i];
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
+                acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x->sums[(r0 + i) * (K / 32) + s * 8 + j]), acc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < RR; i++)
+        _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, _mm512_mul_ps(acc[i], _mm512_set1_ps(x->d[r0 + i])));
+}
+
+/* out [M, N] = x [M, K] @ dequant(W)^T, W Q4_K in the tile layout above; N a multiple of 16. 0, -1
+ * (out of memory) or -2 (shapes). */
+int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    if (K % QK_K || N % TILE_N) return -2;
+    const int64_t nsb = K / QK_K, tiles = N / TILE_N;
+    TernRows q;
+    if (tern_kquant_rows(x, M, K, &q)) {
+        tern_free_kquant_rows(&q);
+        return -1;
+    }
+#pragma omp parallel for schedule(guided)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t r0 = 0;
+        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, r0, N, K, out, 8);
+        switch (M - r0) {
+        case 7: tile(w, nsb, t, &q, r0, N, K, out, 7); break;
+        case 6: tile(w, nsb, t, &q, r0, N, K, out, 6); break;
+        case 5: tile(w, nsb, t, &q, r0, N, K, out, 5); break;
+        case 4: tile(w, nsb, t, &q, r0, N, K, out, 4); break;
+        case 3: tile(w, nsb, t, &q, r0, N, K, out, 3); break;
+        case 2: tile(w, nsb, t, &q, r0, N, K, out, 2); break;
+        case 1: tile(w, nsb, t, &q, r0, N, K, out, 1); break;
+        default: break;
+        }
+    }
+    tern_free_kquant_rows(&q);
+    return 0;
+}
+#endif
+
+/* GGUF's Q4_K rows [N, nsb * 144] (N a multiple of 16) -> the tile layout above, in place, a tile of
+ * 16 rows at a time (each through a copy of its own rows: no copy of the whole weight). 0 or -1. */
+int tern_tile_q4_k(uint8_t *w, int64_t N, int64_t nsb) {
+    const int64_t row = nsb * 144, tile_bytes = 16 * row;
+    int failed = 0;
+#pragma omp parallel for schedule(static) reduction(| : failed)
+    for (int64_t t = 0; t < N / 16; t++) {
+        uint8_t *rows = (uint8_t *)malloc((size_t)tile_bytes);
+        if (!rows) {
+            failed = 1;
+            continue;
+        }
+        memcpy(rows, w + t * tile_bytes, (size_t)tile_bytes);
+        for (int64_t s = 0; s < nsb; s++) {
+            uint8_t *out = w + t * tile_bytes + s * 2304;
+            for (int c = 0; c < 16; c++) {
+                const uint8_t *sb = rows + c * row + s * 144;
+                memcpy(out + 2 * c, sb, 2);            /* d */
+                memcpy(out + 32 + 2 * c, sb + 2, 2);   /* dmin */
+                for (int b = 0; b < 12; b++) out[64 + 16 * b + c] = sb[4 + b];
+                for (int j = 0; j < 8; j++) {          /* sub-block j: qs bytes 32 (j / 2), low or high nibble */
+                    const uint8_t *qs = sb + 16 + 32 * (j / 2);
+                    for (int k = 0; k < 8; k++)
+                        for (int e = 0; e < 2; e++) {
+                            const int low = (qs[4 * k + e] >> (4 * (j & 1))) & 0x0F;
+                            const int high = (qs[4 * k + 2 + e] >> (4 * (j & 1))) & 0x0F;
+                            out[256 + 256 * j + 32 * k + 2 * c + e] = (uint8_t)(low | high << 4);
+                        }
+                }
+            }
+        }
+        free(rows);
+    }
+    return failed ? -1 : 0;
+}
+
+#ifndef TERN_Q4_TILED
+int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    (void)x, (void)M, (void)K, (void)w, (void)N, (void)out;
+    return -2; /* built only with AVX-512 VNNI (kernels.q4_1_tiled()) */
+}
+#endif
