@@ -28,18 +28,19 @@ float32 model) and ``C_F32`` (the C kernels of ``engine/cpu``: with them RMSNorm
 decode attention take their C kernels too, and a Llama model runs every layer of a decode step in one
 C call).
 
-How a new GGML type's kernel plugs in (say Q6_K, with a C kernel in ``engine/cpu``):
+How a new GGML type's kernel plugs in (say IQ4_NL, with a C kernel in ``engine/cpu``):
 
-1. The GGUF reader (``engine/loader/gguf_file.py``) keeps that type's blocks raw instead of
-   dequantizing them, and the loader installs a module that holds them (say ``GgmlLinear`` with its
-   ``ggml_type``), as it does for Q4 blocks with ``Int4Linear``.
-2. Add ``WeightFormat.Q6_K = "q6_k"`` and map the holding module's type to it in ``MODULE_FORMATS``
-   (a module class that holds several GGML types gets :func:`weight_format` to read its type).
-3. A drop-in CPU linear in ``engine/layers`` (as ``Q4CpuLinear`` in packed_linear.py): built from the
-   holding module, with a ``supports(module) -> bool`` staticmethod (shape rules, kernel built), a
-   ``format`` string, and ``forward`` calling the kernel; tested against a plain-torch reference.
-4. One row here: ``LINEAR_KERNELS[CpuKernels.C_F32][WeightFormat.Q6_K] = (Q6KCpuLinear,)``, and, if the
-   one-call decoder layer should run it, its ``format`` in ``engine/models/llama_decode_kernel.py``'s table.
+1. The kernel and its plain-torch reference in ``engine/cpu`` (``kquant_kernels.c`` and
+   ``ggml_kernels.py``'s ctypes call and ``matmul_ref``), tested against each other.
+2. One entry in ``engine/cpu/ggml_kernels.py``'s ``KERNEL_TYPES`` (GGML type -> ``KernelFormat``). From
+   then on the GGUF reader keeps that type's blocks on ``C_F32`` (``ServingPlan.keep_gguf_blocks``,
+   ``engine/loader/gguf_file.py``), the loader installs them as a ``GgmlLinear`` (format ``GGML``),
+   and that module runs the kernel: no row here is needed. If the one-call decoder layer should run
+   it too, its ``c_id`` is handled in ``layer_kernels.c`` (``engine/models/llama_decode_kernel.py``).
+3. A kernel for a module kind of its own (not GGUF blocks: say an FP8 checkpoint's linears) is a new
+   ``WeightFormat``, its module type in ``MODULE_FORMATS``, a drop-in CPU linear in ``engine/layers``
+   with a ``supports(module) -> bool`` staticmethod (as ``Q4CpuLinear`` in packed_linear.py), and
+   one row: ``LINEAR_KERNELS[CpuKernels.C_F32][WeightFormat.FP8] = (Fp8CpuLinear,)``.
 """
 
 from __future__ import annotations
