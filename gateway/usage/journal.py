@@ -130,6 +130,17 @@ class UsageJournal:
         finally:
             self._writer = None
 
+    def write_now(self, line: bytes) -> None:
+        """Write one line at once, on the event loop, without fsync: it survives the process dying
+        the next moment (the kernel has it), not the machine. For in-flight snapshots, which a
+        queued write could miss when the process dies while an fsync runs."""
+        try:
+            segment = self._current()
+            _write_all(segment.fd, line, False)
+            segment.size += len(line)
+        except OSError as exc:
+            log.error("usage journal write failed: %s", exc)
+
     def _current(self) -> Segment:
         segment = self._segment
         if segment is not None and (

@@ -97,7 +97,7 @@ class UsageRecorder:
 
     def snapshot(self, record: UsageRecord) -> None:
         """Journal what an unfinished stream has used so far (billed, estimated, if this process dies)."""
-        self.journal.append(encode_in_flight(record), counts=False)
+        self.journal.write_now(encode_in_flight(record))
 
     @property
     def pending(self) -> int:

@@ -1,4 +1,4 @@
-"""Fault test: the engine is SIGKILLed mid-stream under ``tern up`` (issue 18, defect 9).
+"""Fault test: the engine, then the gateway, is SIGKILLed under ``tern up`` (issue 18, defect 9; issue 35).
 
 The real default model, the real stack. Several clients stream with ``logprobs`` (one entry per
 token, so each client knows exactly how many tokens it received); once every one has some tokens
@@ -107,6 +107,20 @@ def usage_rows(dsn: str, key_id: str) -> list[dict[str, Any]]:
     return asyncio.run(fetch())
 
 
+def rows_of_request(dsn: str, request_id: str) -> list[dict[str, Any]]:
+    async def fetch() -> list[dict[str, Any]]:
+        conn = await asyncpg.connect(dsn)
+        try:
+            rows = await conn.fetch(
+                "SELECT completion_tokens FROM usage_records WHERE request_id = $1", request_id
+            )
+            return [dict(row) for row in rows]
+        finally:
+            await conn.close()
+
+    return asyncio.run(fetch())
+
+
 @pytest.fixture(scope="module")
 def stack() -> Iterator[RunningStack]:
     # Not pytest's tmp_path: that is 0700, and PostgreSQL runs as another account when we are root.
@@ -205,6 +219,44 @@ def test_engine_sigkill_mid_stream_is_survived_and_billed_exactly_once(stack: Ru
         == sum(received.values()) + (answered["usage"]["completion_tokens"])
     ), "the refused requests are billed nothing"
 
-    # And it all still stops cleanly, the restarted engine included.
+
+def test_gateway_sigkill_is_restarted_by_tern_up_and_bills_what_it_served(stack: RunningStack) -> None:
+    """The gateway dies like an OOM kill: tern up starts it again with the engine's backoff and
+    messages, and an answer it completed before dying is billed (its journal is replayed)."""
+    auth = {"Authorization": f"Bearer {stack.demo_key}"}
+    body = {"model": SERVED_MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    served = httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=auth, timeout=60)
+    assert served.status_code == 200, served.text
+    pids_before = json.loads((stack.data_dir / "run.json").read_text())["pids"]
+    os.kill(pids_before["gateway"], signal.SIGKILL)  # before its buffer's next flush, most likely
+
+    deadline = time.monotonic() + RECOVERY_DEADLINE_S
+    while True:
+        assert time.monotonic() < deadline, stack.log()
+        try:
+            again = httpx.post(f"{stack.url}/v1/chat/completions", json=body, headers=auth, timeout=60)
+            if again.status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    output = stack.log()
+    assert "The gateway was killed by SIGKILL; restarting it in 1 s" in output, output
+    assert "The gateway restarted" in output, output
+    pids_after = json.loads((stack.data_dir / "run.json").read_text())["pids"]
+    assert pids_after["gateway"] != pids_before["gateway"] and pids_after["engine"] == pids_before["engine"]
+
+    served_id = served.headers["x-request-id"]
+    deadline = time.monotonic() + USAGE_DEADLINE_S
+    while True:
+        billed = rows_of_request(stack.info["postgres_dsn"], served_id)
+        if billed or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert [r["completion_tokens"] for r in billed] == [served.json()["usage"]["completion_tokens"]]
+
+
+def test_the_stack_still_stops_cleanly_restarted_children_included(stack: RunningStack) -> None:
+    pids = json.loads((stack.data_dir / "run.json").read_text())["pids"]
     assert stack.stop() == 0, stack.log()
-    assert not sessions_alive(set(pids_after.values())), stack.log()
+    assert not sessions_alive(set(pids.values())), stack.log()

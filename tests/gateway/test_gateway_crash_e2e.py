@@ -140,14 +140,17 @@ def run_with_kills(
     return load, {"main": main_id, "limited": limited_id}, gateway
 
 
-def wait_until_billed(database_url: str, request_ids: set[str]) -> list[dict[str, Any]]:
+def wait_until_billed(
+    database_url: str, request_ids: set[str], attempts: tuple[Attempt, ...] | list[Attempt] = ()
+) -> list[dict[str, Any]]:
     deadline = time.monotonic() + BILLING_DEADLINE_S
     while True:
         rows = read_usage(database_url)
         missing = request_ids - {r["request_id"] for r in rows}
         if not missing:
             return rows
-        assert time.monotonic() < deadline, f"{len(missing)} requests never billed: {sorted(missing)[:5]}"
+        unbilled = [a for a in attempts if a.request_id in missing][:5]
+        assert time.monotonic() < deadline, f"{len(missing)} requests never billed: {unbilled or missing}"
         time.sleep(0.5)
 
 
@@ -158,7 +161,7 @@ def check_billing(
     cut = [a for a in attempts if a.stream and a.status == 200 and not a.completed]
     assert len(completed) > 50 and cut, (len(completed), len(cut))
     expected = {a.request_id for a in completed} | {a.request_id for a in cut if a.tokens >= 3}
-    rows = wait_until_billed(database_url, {rid for rid in expected if rid is not None})
+    rows = wait_until_billed(database_url, {rid for rid in expected if rid is not None}, attempts)
     counts = Counter(r["request_id"] for r in rows)
     assert max(counts.values()) == 1, "a request was billed twice"
     by_id = {r["request_id"]: r for r in rows}
