@@ -133,7 +133,7 @@ class UsageRecorder:
                 rest, self._buffer = self._buffer, []
                 USAGE_QUEUE.dec(len(rest))
                 self.spool.write(rest)
-                self._done_seq += len(rest)
+                self._stored(len(rest))
         self.journal.close(done_seq=self._done_seq)
         await self.replay()
 
@@ -149,6 +149,10 @@ class UsageRecorder:
             USAGE_QUEUE.dec(len(batch))
             try:
                 self.flushed += await write_batch(self.engine, batch, known_months=self._known_months)
+            except asyncio.CancelledError:  # stop() cancelled a flush in flight: it drains the batch
+                self._buffer[:0] = batch
+                USAGE_QUEUE.inc(len(batch))
+                raise
             except Exception as exc:
                 USAGE_FLUSH_ERRORS.inc()
                 self._known_months.clear()  # a partition may have been dropped meanwhile
@@ -156,11 +160,15 @@ class UsageRecorder:
                 if self.postgres_ok:
                     log.warning("usage flush failed, spooling to %s: %s", path, exc)
                 self.postgres_ok = False
+                self._stored(len(batch))
                 return False
-            finally:  # stored or spooled (or the spool raised: the journal keeps them for a replay)
-                self._done_seq += len(batch)
-                self.journal.retire(self._done_seq)
+            self._stored(len(batch))
             return True
+
+    def _stored(self, records: int) -> None:
+        """The oldest ``records`` of the journal reached Postgres or the spool."""
+        self._done_seq += records
+        self.journal.retire(self._done_seq)
 
     async def _flush_loop(self) -> None:
         while True:
