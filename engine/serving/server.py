@@ -81,7 +81,6 @@ def create_app(engine: LLMEngine) -> FastAPI:
 
     app = FastAPI(title="Tern engine", lifespan=lifespan)
     app.state.worker = worker
-    model_info = ModelInfo(id=engine.model_name, max_model_len=engine.max_model_len)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -92,7 +91,15 @@ def create_app(engine: LLMEngine) -> FastAPI:
         log.exception("unhandled error")
         return _error(500, "internal server error")
 
-    # -- health, models, metrics -------------------------------------------------------------
+    _add_status_routes(app, engine, worker)
+    _add_rpc_routes(app, worker)
+    _add_openai_routes(app, worker)
+    return app
+
+
+def _add_status_routes(app: FastAPI, engine: LLMEngine, worker: EngineThread) -> None:
+    """Health, the served model, metrics, and the ledger of streams a gateway tagged."""
+    model_info = ModelInfo(id=engine.model_name, max_model_len=engine.max_model_len)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -122,7 +129,9 @@ def create_app(engine: LLMEngine) -> FastAPI:
 
         return Response(engine.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    # -- internal RPC ------------------------------------------------------------------------
+
+def _add_rpc_routes(app: FastAPI, worker: EngineThread) -> None:
+    """The gateway's internal RPC: generate (NDJSON frames) and abort."""
 
     @app.post(GENERATE_PATH)
     async def rpc_generate(request: Request) -> Response:
@@ -152,7 +161,9 @@ def create_app(engine: LLMEngine) -> FastAPI:
         aborted = await worker.abort(abort.request_id)
         return JSONResponse(AbortResponse(aborted=aborted).model_dump())
 
-    # -- OpenAI API ---------------------------------------------------------------------------
+
+def _add_openai_routes(app: FastAPI, worker: EngineThread) -> None:
+    """The OpenAI API, served by the engine itself (SSE or one JSON object)."""
 
     async def openai_endpoint(
         request: Request, request_cls: type[ChatCompletionRequest] | type[CompletionRequest]
@@ -177,8 +188,6 @@ def create_app(engine: LLMEngine) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await openai_endpoint(request, CompletionRequest)
-
-    return app
 
 
 async def _sse(
