@@ -269,3 +269,15 @@ def test_a_bitnet_checkpoints_layers_run_in_one_c_call_with_squared_relu(
     assert model.model.layers[0].mlp.relu2
     assert install_cpu_kernels(model, CpuKernels.C_F32).steps_in_c
     assert_decoder_kernel_is_the_torch_path(model)
+
+
+def test_the_engine_serves_a_tq2_0_gguf_on_the_ternary_kernel_by_default(tmp_path: Path) -> None:
+    """``tern engine --model <TQ2_0 GGUF>`` with its defaults: ternary linears, decode steps in one C call."""
+    path = write_ternary_gguf(tmp_path / "tiny.TQ2_0.gguf", "llama", Q.TQ2_0, shared_scales=False)
+    engine = LLMEngine.from_config(
+        EngineConfig(model=str(path), device="cpu", num_kv_blocks=32, num_threads=1)
+    )
+    model = engine.runner.model
+    assert isinstance(model.model.layers[0].mlp.gate_up_proj, TernaryCpuLinear)
+    assert model.model.decode_kernel is not None and engine.steps_in_c
+    assert len(tokens_of(run(engine, request("a", [3, 70, 101], max_tokens=4, ignore_eos=True))["a"])) == 4
