@@ -39,6 +39,11 @@
 /* Activation rows per pass over the weights: a prompt's int8 rows (x) stay in the L2 cache while the
  * tiles of the weight stream past them once per pass, instead of every tile re-reading all the rows. */
 #define CHUNK_BYTES (256 * 1024)
+#ifdef TERN_AVX512
+#define TERN_AVX512_ORDER 1
+#else
+#define TERN_AVX512_ORDER 0
+#endif
 
 typedef struct {
     int8_t *qs;    /* [M, Kp]; AVX-512: within a block, group j is elements 32j.. then 128 + 32j.. */
@@ -54,8 +59,7 @@ typedef struct {
     int64_t nb;
 } TernaryWeights;
 
-/* One row: codes, its scale and its blocks' sums. Where the row is shorter than the padded one, the
- * rest is zero. */
+/* One row: codes, its scale and its blocks' sums; past K (padding to whole blocks) the codes are 0. */
 static void quantize_row_i8(const float *x, int64_t K, int64_t nb, int8_t *qs, float *scale, int32_t *sums) {
     /* compares, not fmaxf/fminf: those are calls to libm here (NaN rules), 30 instructions a value */
     float amax = 0.0f;
@@ -75,15 +79,11 @@ static void quantize_row_i8(const float *x, int64_t K, int64_t nb, int8_t *qs, f
             block[e] = (int8_t)q;
             sum += block[e];
         }
-        int8_t *out = qs + b * QKT;
-#ifdef TERN_AVX512
-        for (int j = 0; j < 4; j++) {
-            memcpy(out + 64 * j, block + 32 * j, 32);
-            memcpy(out + 64 * j + 32, block + 128 + 32 * j, 32);
+        for (int j = 0; j < 4 && TERN_AVX512_ORDER; j++) { /* group j: elements 32j.. then 128 + 32j.. */
+            memcpy(qs + b * QKT + 64 * j, block + 32 * j, 32);
+            memcpy(qs + b * QKT + 64 * j + 32, block + 128 + 32 * j, 32);
         }
-#else
-        memcpy(out, block, QKT);
-#endif
+        if (!TERN_AVX512_ORDER) memcpy(qs + b * QKT, block, QKT);
         sums[b] = sum;
     }
     *scale = s;
@@ -287,11 +287,9 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
     }
 }
 #define T_ROWS 4
-/* One weight row at a time: the activations are a memory operand of vpmaddubsw, so more weight rows
- * would not save loads, and two with their int16 and int32 sums ran out of AVX2's 16 registers
- * (spilled: 0.158 instructions a multiply-add against 0.09 here, callgrind). */
-/* With one activation row (a one-stream decode step) its vector serves two weight rows: 0.205 -> 0.187
- * instructions a multiply-add (callgrind; four: 0.183). */
+/* One weight row at a time (the activations are vpmaddubsw's memory operand; two weight rows' int16 and
+ * int32 sums spilled AVX2's 16 registers), but two with one activation row (a one-stream step: 0.205 ->
+ * 0.187 instructions a multiply-add, callgrind; four: 0.183). */
 #define T_COLUMNS 1
 #define T_ONE_ROW_COLUMNS 2
 #else
@@ -329,7 +327,7 @@ static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, i
 #define T_COLUMN_LOOP(RR, BLOCKED)                                                                      \
     do {                                                                                                \
         int64_t n = n_begin;                                                                            \
-        if (RR == 1) /* one activation row: its vector serves two weight rows (AVX2: fits the registers) */ \
+        if (RR == 1)                                                                                \
             for (; n + T_ONE_ROW_COLUMNS <= n_end; n += T_ONE_ROW_COLUMNS)                                  \
                 ternary_tile(w, x, r, n, N, out, RR, T_ONE_ROW_COLUMNS, BLOCKED);                          \
         for (; n + T_COLUMNS <= n_end; n += T_COLUMNS) ternary_tile(w, x, r, n, N, out, RR, T_COLUMNS, BLOCKED); \
@@ -391,18 +389,11 @@ int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, con
     return 0;
 }
 
-/* The activation quantizer alone, for the reference test: qs [M, Kp] in the order the build's
- * kernel reads (tern_ternary_avx512_order), scale [M], sums [M, Kp / 256]. */
+/* The activation quantizer alone, for the reference test: qs [M, Kp] in the kernel's order, scale, sums. */
 void tern_quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *qs, float *scale, int32_t *sums) {
     const int64_t nb = (K + QKT - 1) / QKT;
     for (int64_t r = 0; r < M; r++) quantize_row_i8(x + r * K, K, nb, qs + r * nb * QKT, scale + r, sums + r * nb);
 }
 
 /* 1 where the activation codes of a block are stored in the AVX-512 kernel's order. */
-int tern_ternary_avx512_order(void) {
-#ifdef TERN_AVX512
-    return 1;
-#else
-    return 0;
-#endif
-}
+int tern_ternary_avx512_order(void) { return TERN_AVX512_ORDER; }
