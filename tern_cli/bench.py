@@ -45,6 +45,10 @@ BENCHMARKS = {
         "engine.bench.cpu_linears",
         "the default model's CPU linears: torch's kernels against the C kernels",
     ),
+    "ggml-linears": (
+        "engine.bench.ggml_linears",
+        "GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0) on the C kernels against the default model's q4_1",
+    ),
     "int4-quality": ("engine.bench.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
 }
 """Name: (module with ``main(argv)``, one line for ``tern bench --help``)."""

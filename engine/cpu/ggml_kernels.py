@@ -46,8 +46,9 @@ KERNEL_TYPES: dict[GGMLType, KernelFormat] = {
 }
 Q4_K_TILED = KernelFormat("q4_k_tiled", 6, 256)
 Q6_K_TILED = KernelFormat("q6_k_tiled", 7, 256)
-TILED_FORMATS = {GGMLType.Q4_K: Q4_K_TILED, GGMLType.Q6_K: Q6_K_TILED}
-"""Q4_K and Q6_K rearranged tile by tile for their VNNI kernels (:func:`tile`), where the build has them
+Q5_K_TILED = KernelFormat("q5_k_tiled", 8, 256)
+TILED_FORMATS = {GGMLType.Q4_K: Q4_K_TILED, GGMLType.Q5_K: Q5_K_TILED, GGMLType.Q6_K: Q6_K_TILED}
+"""Q4_K, Q5_K and Q6_K rearranged tile by tile for their VNNI kernels (:func:`tile`), where the build has them
 (``kernels.q4_1_tiled()``) and the rows fill whole tiles of 16."""
 _KQUANT_TYPE = {GGMLType.Q4_K: 0, GGMLType.Q5_K: 1, GGMLType.Q6_K: 2}
 """The type argument of tern_matmul_kquant."""
@@ -66,9 +67,10 @@ def _lib() -> ctypes.CDLL:
     lib = kernels._lib()
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tern_matmul_kquant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
-    for name in ("tern_matmul_q4_k_tiled", "tern_matmul_q6_k_tiled"):
-        getattr(lib, name).argtypes = [ptr, i64, i64, ptr, i64, ptr]
-    lib.tern_tile_q4_k.argtypes = lib.tern_tile_q6_k.argtypes = [ptr, i64, i64]
+    lib.tern_matmul_k_tiled.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    lib.tern_matmul_q6_k_tiled.argtypes = [ptr, i64, i64, ptr, i64, ptr]
+    lib.tern_tile_k.argtypes = [ctypes.c_int, ptr, i64, i64]
+    lib.tern_tile_q6_k.argtypes = [ptr, i64, i64]
     lib.tern_dequantize_q6_k_tiled.argtypes = [ptr, i64, ptr, i64, ptr]
     lib.tern_dequantize_q6_k_tiled.restype = None
     return lib
@@ -102,7 +104,7 @@ def matmul_kquant(x: torch.Tensor, blocks: torch.Tensor, ggml_type: GGMLType) ->
 TILE_N = 16
 
 
-_SB_BYTES = {GGMLType.Q4_K: 144, GGMLType.Q6_K: 210}
+_SB_BYTES = {GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
 
 
 def tiles(ggml_type: GGMLType, out_features: int) -> bool:
@@ -111,7 +113,7 @@ def tiles(ggml_type: GGMLType, out_features: int) -> bool:
 
 
 def tile(blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
-    """Q4_K or Q6_K rows of blocks [N, K / 256 * block bytes] (N a multiple of 16) rearranged in place
+    """Q4_K, Q5_K or Q6_K rows of blocks [N, K / 256 * block bytes] (N a multiple of 16) rearranged in place
     into the tiled kernel's layout (kquant_tiled_kernels.c, q6_k_tiled_kernels.c: per tile of 16 rows
     and super-block, the 16 columns' scales, then the codes paired for vpdpwssd): the same bytes in
     another order, in the blocks' own memory, a tile at a time. Returns it as [N / 16, K / 256, bytes]."""
@@ -121,13 +123,17 @@ def tile(blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
         raise kernels.KernelError(
             f"{ggml_type.name} tiles need whole tiles of 16 rows, not {tuple(blocks.shape)}"
         )
-    retile = _lib().tern_tile_q4_k if ggml_type == GGMLType.Q4_K else _lib().tern_tile_q6_k
-    kernels._check(retile(blocks.data_ptr(), n, row // sb_bytes))
+    if ggml_type == GGMLType.Q6_K:
+        kernels._check(_lib().tern_tile_q6_k(blocks.data_ptr(), n, row // sb_bytes))
+    else:
+        kernels._check(
+            _lib().tern_tile_k(int(ggml_type == GGMLType.Q5_K), blocks.data_ptr(), n, row // sb_bytes)
+        )
     return blocks.view(n // TILE_N, row // sb_bytes, TILE_N * sb_bytes)
 
 
 def matmul_tiled(x: torch.Tensor, tiled: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
-    """x [M, K] float32 @ dequant(W)^T -> [M, N]; W Q4_K or Q6_K from :func:`tile`."""
+    """x [M, K] float32 @ dequant(W)^T -> [M, N]; W Q4_K, Q5_K or Q6_K from :func:`tile`."""
     x = kernels._rows(x)
     m, k = x.shape
     count, nsb, _ = tiled.shape
@@ -136,8 +142,11 @@ def matmul_tiled(x: torch.Tensor, tiled: torch.Tensor, ggml_type: GGMLType) -> t
             f"rows of {k} do not fit tiled {ggml_type.name} blocks {tuple(tiled.shape)}"
         )
     out = torch.empty(m, count * TILE_N, dtype=torch.float32)
-    matmul = _lib().tern_matmul_q4_k_tiled if ggml_type == GGMLType.Q4_K else _lib().tern_matmul_q6_k_tiled
-    kernels._check(matmul(x.data_ptr(), m, k, tiled.data_ptr(), count * TILE_N, out.data_ptr()))
+    args = (x.data_ptr(), m, k, tiled.data_ptr(), count * TILE_N, out.data_ptr())
+    if ggml_type == GGMLType.Q6_K:
+        kernels._check(_lib().tern_matmul_q6_k_tiled(*args))
+    else:
+        kernels._check(_lib().tern_matmul_k_tiled(int(ggml_type == GGMLType.Q5_K), *args))
     return out
 
 
@@ -197,3 +206,35 @@ def matmul_ref(x: torch.Tensor, blocks: np.ndarray | torch.Tensor, ggml_type: GG
     codes, scales, _ = kernels.quantize_rows_ref(x)
     rows = codes.double() * scales.double()[:, None]
     return (rows @ dequantize_ref(blocks, ggml_type).double().t()).float()
+
+
+# -- random weights (tests and benchmarks) ---------------------------------------------------------
+
+# byte offsets of each type's float16 scales in its block (the rest may be any bytes)
+_HALVES = {
+    GGMLType.Q4_K: (0, 2),
+    GGMLType.Q5_K: (0, 2),
+    GGMLType.Q6_K: (208,),
+    GGMLType.Q8_0: (0,),
+    GGMLType.Q5_0: (0,),
+    GGMLType.Q5_1: (0, 2),
+    GGMLType.Q4_0: (0,),
+    GGMLType.Q4_1: (0, 2),
+}
+
+
+def random_blocks(
+    ggml_type: GGMLType, rows: int, width: int, seed: int = 0, scale: float = 1.0
+) -> np.ndarray:
+    """uint8 [rows, bytes per row] of random blocks of ``ggml_type`` for rows of ``width`` (gguf cannot
+    quantize to the K-quants): random bytes with finite, small float16 scales, every such block valid."""
+    generator = np.random.default_rng(seed)
+    block_elements, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
+    raw = generator.integers(0, 256, size=(rows, width // block_elements, block_bytes), dtype=np.uint8)
+    # weights of order `scale / sqrt(width)`: a code times d (times a 6-bit sub-scale for the K-quants)
+    divisor = {GGMLType.Q4_K: 300, GGMLType.Q5_K: 600, GGMLType.Q6_K: 1000}.get(ggml_type, 8)
+    typical = scale / np.sqrt(width) / divisor
+    for offset in _HALVES[ggml_type]:
+        halves = generator.uniform(0.5, 1.5, size=raw.shape[:2]) * typical
+        raw[..., offset : offset + 2] = halves.astype(np.float16)[..., None].view(np.uint8)
+    return raw.reshape(rows, -1)

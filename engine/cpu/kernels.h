@@ -42,9 +42,10 @@ typedef struct {
 void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s);
 int tern_kquant_rows(const float *x, int64_t M, int64_t K, TernRows *q);
 void tern_free_kquant_rows(TernRows *q);
-/* Q4_K tile by tile (kquant_tiled_kernels.c; kernels.tern_q4_1_tiled() builds only): w from ggml_kernels.tile. */
-int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
-int tern_tile_q4_k(uint8_t *w, int64_t N, int64_t nsb);
+/* Q4_K (q5 0) and Q5_K (q5 1) tile by tile (kquant_tiled_kernels.c; kernels.tern_q4_1_tiled() builds
+ * only): w from ggml_kernels.tile. */
+int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
+int tern_tile_k(int q5, uint8_t *w, int64_t N, int64_t nsb);
 /* Q6_K tile by tile (q6_k_tiled_kernels.c), the same way. */
 int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_tile_q6_k(uint8_t *w, int64_t N, int64_t nsb);

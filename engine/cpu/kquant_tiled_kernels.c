@@ -1,4 +1,4 @@
-/* Q4_K with AVX-512 VNNI, tile by tile: the q4_1 VNNI kernel's scheme (quant_kernels.c, tiled_q4_1) for
+/* Q4_K and Q5_K with AVX-512 VNNI, tile by tile: the q4_1 VNNI kernel's scheme (quant_kernels.c, tiled_q4_1) for
  * GGUF's Q4_K super-blocks, where the row-by-row kernel (kquant_kernels.c) spends most of a one-row
  * step unpacking each column's codes and scales on its own.
  *
@@ -8,6 +8,9 @@
  *   [64, 256)    the 12 bytes of 6-bit scales and mins, byte b of column c at 64 + 16 b + c;
  *   [256, 2304)  codes: sub-block j, chunk k (32 bytes at 256 + 256 j + 32 k): byte 2c + e holds column
  *                c's element 4k + e of the sub-block in its low nibble, 4k + 2 + e in its high one.
+ * Q5_K (ggml_kernels.tile: 176 bytes a row and super-block) adds [2304, 2816): the fifth bits, sub-block
+ * j, chunks 4g .. 4g + 3 (32 bytes at 2304 + 64 j + 32 g): byte 2c + e holds at bit 2 (k - 4g) that of
+ * element 4k + e, at bit 2 (k - 4g) + 1 that of element 4k + 2 + e.
  * A chunk widened to int16 meets a broadcast pair of a row's int16 codes in vpdpwssd: both products
  * into column c's int32 lane (exact: at most 32 * 15 * 32767 a sub-block). Per sub-block the 16
  * columns' scales d * sc_j and mins dmin * m_j are unpacked once for all rows (16 columns a vector),
@@ -23,7 +26,8 @@
 #ifdef TERN_Q4_TILED
 #define QK_K 256
 #define TILE_N 16
-#define TILE_BYTES 2304
+#define Q4_TILE_BYTES 2304
+#define Q5_TILE_BYTES 2816
 #define PREFETCH_BYTES 1024
 
 static inline int32_t code_pair(const int16_t *codes) {
@@ -50,7 +54,9 @@ static inline __attribute__((always_inline)) void scale_min(const __m128i *q, in
 static inline __m512 bytes_to_floats(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
 
 static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t, const TernRows *x,
-                                                       int64_t r0, int64_t N, int64_t K, float *out, const int RR) {
+                                                       int64_t r0, int64_t N, int64_t K, float *out, const int RR,
+                                                       const int Q5) {
+    const int64_t TILE_BYTES = Q5 ? Q5_TILE_BYTES : Q4_TILE_BYTES;
     __m512 acc[8];
     for (int i = 0; i < RR; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
@@ -74,7 +80,14 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
                 const __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + 32 * k)));
-                const __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
+                __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
+                if (Q5) { /* bits 2 (k % 4) and 2 (k % 4) + 1 of the chunk group's byte, to bit 4 */
+                    const __m512i bits = _mm512_cvtepu8_epi16(
+                        _mm256_loadu_si256((const __m256i *)(block + Q4_TILE_BYTES + 64 * j + 32 * (k >> 2))));
+                    const __m512i fifth = _mm512_set1_epi16(0x10);
+                    low = _mm512_or_si512(low, _mm512_and_si512(_mm512_srli_epi16(_mm512_slli_epi16(bits, 4), 2 * (k & 3)), fifth));
+                    high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(_mm512_slli_epi16(bits, 3), 2 * (k & 3)), fifth));
+                }
                 for (int i = 0; i < RR; i++) {
                     const int16_t *xs = x->qs + (r0 + i) * K + s * QK_K + 32 * j + 4 * k;
                     dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xs)));
@@ -95,9 +108,25 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
         _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, _mm512_mul_ps(acc[i], _mm512_set1_ps(x->d[r0 + i])));
 }
 
-/* out [M, N] = x [M, K] @ dequant(W)^T, W Q4_K in the tile layout above; N a multiple of 16. 0, -1
- * (out of memory) or -2 (shapes). */
-int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+#define ROWS_LOOP(Q5)                                                                                      \
+    do {                                                                                                   \
+        int64_t r0 = 0;                                                                                    \
+        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, r0, N, K, out, 8, Q5);                           \
+        switch (M - r0) {                                                                                  \
+        case 7: tile(w, nsb, t, &q, r0, N, K, out, 7, Q5); break;                                          \
+        case 6: tile(w, nsb, t, &q, r0, N, K, out, 6, Q5); break;                                          \
+        case 5: tile(w, nsb, t, &q, r0, N, K, out, 5, Q5); break;                                          \
+        case 4: tile(w, nsb, t, &q, r0, N, K, out, 4, Q5); break;                                          \
+        case 3: tile(w, nsb, t, &q, r0, N, K, out, 3, Q5); break;                                          \
+        case 2: tile(w, nsb, t, &q, r0, N, K, out, 2, Q5); break;                                          \
+        case 1: tile(w, nsb, t, &q, r0, N, K, out, 1, Q5); break;                                          \
+        default: break;                                                                                    \
+        }                                                                                                  \
+    } while (0)
+
+/* out [M, N] = x [M, K] @ dequant(W)^T, W Q4_K (q5 0) or Q5_K (q5 1) in the tile layout above; N a multiple
+ * of 16. 0, -1 (out of memory) or -2 (shapes). */
+int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     if (K % QK_K || N % TILE_N) return -2;
     const int64_t nsb = K / QK_K, tiles = N / TILE_N;
     TernRows q;
@@ -107,28 +136,20 @@ int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *
     }
 #pragma omp parallel for schedule(guided)
     for (int64_t t = 0; t < tiles; t++) {
-        int64_t r0 = 0;
-        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, r0, N, K, out, 8);
-        switch (M - r0) {
-        case 7: tile(w, nsb, t, &q, r0, N, K, out, 7); break;
-        case 6: tile(w, nsb, t, &q, r0, N, K, out, 6); break;
-        case 5: tile(w, nsb, t, &q, r0, N, K, out, 5); break;
-        case 4: tile(w, nsb, t, &q, r0, N, K, out, 4); break;
-        case 3: tile(w, nsb, t, &q, r0, N, K, out, 3); break;
-        case 2: tile(w, nsb, t, &q, r0, N, K, out, 2); break;
-        case 1: tile(w, nsb, t, &q, r0, N, K, out, 1); break;
-        default: break;
-        }
+        if (q5)
+            ROWS_LOOP(1);
+        else
+            ROWS_LOOP(0);
     }
     tern_free_kquant_rows(&q);
     return 0;
 }
 #endif
 
-/* GGUF's Q4_K rows [N, nsb * 144] (N a multiple of 16) -> the tile layout above, in place, a tile of
- * 16 rows at a time (each through a copy of its own rows: no copy of the whole weight). 0 or -1. */
-int tern_tile_q4_k(uint8_t *w, int64_t N, int64_t nsb) {
-    const int64_t row = nsb * 144, tile_bytes = 16 * row;
+/* GGUF's Q4_K (q5 0) or Q5_K (q5 1) rows [N, nsb * 144 or 176] (N a multiple of 16) -> the tile layout
+ * above, in place, a tile of 16 rows at a time (each through a copy of its own rows). 0 or -1. */
+int tern_tile_k(int q5, uint8_t *w, int64_t N, int64_t nsb) {
+    const int64_t sb_bytes = q5 ? 176 : 144, row = nsb * sb_bytes, tile_bytes = 16 * row;
     int failed = 0;
 #pragma omp parallel for schedule(static) reduction(| : failed)
     for (int64_t t = 0; t < N / 16; t++) {
@@ -139,19 +160,24 @@ int tern_tile_q4_k(uint8_t *w, int64_t N, int64_t nsb) {
         }
         memcpy(rows, w + t * tile_bytes, (size_t)tile_bytes);
         for (int64_t s = 0; s < nsb; s++) {
-            uint8_t *out = w + t * tile_bytes + s * 2304;
+            uint8_t *out = w + t * tile_bytes + s * 16 * sb_bytes;
+            if (q5) memset(out + 2304, 0, 512);
             for (int c = 0; c < 16; c++) {
-                const uint8_t *sb = rows + c * row + s * 144;
+                const uint8_t *sb = rows + c * row + s * sb_bytes;
                 memcpy(out + 2 * c, sb, 2);            /* d */
                 memcpy(out + 32 + 2 * c, sb + 2, 2);   /* dmin */
                 for (int b = 0; b < 12; b++) out[64 + 16 * b + c] = sb[4 + b];
                 for (int j = 0; j < 8; j++) {          /* sub-block j: qs bytes 32 (j / 2), low or high nibble */
-                    const uint8_t *qs = sb + 16 + 32 * (j / 2);
+                    const uint8_t *qs = sb + (q5 ? 48 : 16) + 32 * (j / 2), *qh = sb + 16;
                     for (int k = 0; k < 8; k++)
                         for (int e = 0; e < 2; e++) {
                             const int low = (qs[4 * k + e] >> (4 * (j & 1))) & 0x0F;
                             const int high = (qs[4 * k + 2 + e] >> (4 * (j & 1))) & 0x0F;
                             out[256 + 256 * j + 32 * k + 2 * c + e] = (uint8_t)(low | high << 4);
+                            if (q5) /* qh[l] bit j: element l of sub-block j's fifth bit */
+                                out[2304 + 64 * j + 32 * (k >> 2) + 2 * c + e] |=
+                                    (uint8_t)((((qh[4 * k + e] >> j) & 1) | ((qh[4 * k + 2 + e] >> j) & 1) << 1)
+                                              << (2 * (k & 3)));
                         }
                 }
             }
@@ -162,8 +188,8 @@ int tern_tile_q4_k(uint8_t *w, int64_t N, int64_t nsb) {
 }
 
 #ifndef TERN_Q4_TILED
-int tern_matmul_q4_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
-    (void)x, (void)M, (void)K, (void)w, (void)N, (void)out;
+int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    (void)q5, (void)x, (void)M, (void)K, (void)w, (void)N, (void)out;
     return -2; /* built only with AVX-512 VNNI (kernels.q4_1_tiled()) */
 }
 #endif

@@ -99,7 +99,8 @@ enum {
     FORMAT_Q6_K = 4,
     FORMAT_TQ2_0 = 5,
     FORMAT_Q4_K_TILED = 6,
-    FORMAT_Q6_K_TILED = 7
+    FORMAT_Q6_K_TILED = 7,
+    FORMAT_Q5_K_TILED = 8
 };
 
 typedef struct {
@@ -127,7 +128,8 @@ static int part(const TernLinear *w, const float *x, int64_t M, float *out) {
     case FORMAT_TQ2_0:
         return tern_matmul_tq2(x, M, K, (const uint8_t *)w->qweight, w->row_scales, w->row_scales ? NULL : w->scales,
                                N, out);
-    case FORMAT_Q4_K_TILED: return tern_matmul_q4_k_tiled(x, M, K, (const uint8_t *)w->qweight, N, out);
+    case FORMAT_Q4_K_TILED: return tern_matmul_k_tiled(0, x, M, K, (const uint8_t *)w->qweight, N, out);
+    case FORMAT_Q5_K_TILED: return tern_matmul_k_tiled(1, x, M, K, (const uint8_t *)w->qweight, N, out);
     case FORMAT_Q6_K_TILED: return tern_matmul_q6_k_tiled(x, M, K, (const uint8_t *)w->qweight, N, out);
     default: return -2;
     }

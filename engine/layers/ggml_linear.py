@@ -33,6 +33,7 @@ class GgmlLinear(nn.Module):
         bias: torch.Tensor | None = None,
         *,
         rows_looked_up: bool = False,
+        tile: bool = True,
     ) -> None:
         """``blocks`` are consumed: rearranged in place into the kernel's layout (Q8_0's split, Q4_K's
         tiles). ``rows_looked_up``: an embedding reads rows of it too (a tied head), so its rows stay

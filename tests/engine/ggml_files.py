@@ -1,6 +1,5 @@
-"""Random GGUF blocks of any type, and small random-weight Llama GGUFs of mixed types (a Q4_K_M file's
-mix and others) for the kernels' and the loader's tests. gguf cannot quantize to the K-quants, so the
-blocks are random bytes with finite, small float16 scales: every such block is a valid one."""
+"""Small random-weight Llama GGUFs of mixed types (a Q4_K_M file's mix and others) for the kernels' and
+the loader's tests, of random blocks (``ggml_kernels.random_blocks``: gguf cannot quantize to K-quants)."""
 
 from __future__ import annotations
 
@@ -9,35 +8,12 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+from engine.cpu.ggml_kernels import random_blocks
 from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML
 
+__all__ = ["MIXED_TYPES", "Q", "random_blocks", "write_mixed_gguf"]
+
 Q = gguf.GGMLQuantizationType
-# byte offsets of each type's float16 scales in its block (the rest may be any bytes)
-_HALVES = {
-    Q.Q4_K: (0, 2),
-    Q.Q5_K: (0, 2),
-    Q.Q6_K: (208,),
-    Q.Q8_0: (0,),
-    Q.Q5_0: (0,),
-    Q.Q5_1: (0, 2),
-    Q.Q4_0: (0,),
-    Q.Q4_1: (0, 2),
-}
-
-
-def random_blocks(ggml_type: Q, rows: int, width: int, seed: int = 0, scale: float = 1.0) -> np.ndarray:
-    """uint8 [rows, bytes per row] of valid random blocks of ``ggml_type`` for rows of ``width``."""
-    generator = np.random.default_rng(seed)
-    block_elements, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
-    raw = generator.integers(0, 256, size=(rows, width // block_elements, block_bytes), dtype=np.uint8)
-    # weights of order `scale / sqrt(width)`: a code times d (times a 6-bit sub-scale for the K-quants)
-    typical = scale / np.sqrt(width) / {Q.Q4_K: 300, Q.Q5_K: 600, Q.Q6_K: 1000}.get(ggml_type, 8)
-    for offset in _HALVES[ggml_type]:
-        halves = generator.uniform(0.5, 1.5, size=raw.shape[:2]) * typical
-        raw[..., offset : offset + 2] = halves.astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
-
-
 # A Q4_K_M file's mix (v and down in Q6_K), plus the other types with a kernel; 2 layers.
 MIXED_TYPES = {
     "attn_q": Q.Q4_K,

@@ -73,7 +73,7 @@ def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None
 
 
 @pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
-@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
 @pytest.mark.parametrize("rows", [1, 4, 5, 9, 17])
 def test_tiled_kquant_kernels_match_the_reference_and_the_batch(ggml_type: Q, rows: int) -> None:
     raw = random_blocks(ggml_type, 48, 512, seed=rows)

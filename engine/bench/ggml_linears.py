@@ -1,0 +1,145 @@
+"""GGUF block types on the C kernels: each GGML type's kernel against the default model's q4_1 one.
+
+    python -m engine.bench.ggml_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
+
+For Llama-3.2-1B's decoder linears (q/k/v and gate/up stacked, as served), random weights, times in one
+process, interleaved, best of ``--repeats`` windows (the machine is shared: the best window is the least
+disturbed one), µs per call: ``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and
+``GgmlLinear`` on ``q4_k``, ``q5_k``, ``q6_k``, ``q8_0`` blocks (the K-quants tile by tile where the CPU
+has AVX-512 VNNI, as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
+what other CPUs run).
+
+``layers``: ``--layers`` decoder layers, every linear its own weight (so a step reads them from memory, as
+serving does), ms per layer and GB/s of weight read, for a layer of each type and for a Q4_K_M layer
+(q/k/v, o, gate/up Q4_K, down Q6_K, as llama-quantize writes half of a Q4_K_M file's layers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.bench import cpu_model
+from engine.bench.cpu_linears import best_time
+from engine.bench.kernels import git_commit
+from engine.cpu import ggml_kernels
+from engine.cpu import kernels as cpu_kernels
+from engine.cpu.ggml_kernels import GGMLType
+from engine.layers.ggml_linear import GgmlLinear
+from engine.layers.packed_linear import Q4CpuLinear
+from engine.layers.quant.linear import Int4Linear
+
+SHAPES = {"qkv": (2048, 3072), "o": (2048, 2048), "gate_up": (2048, 16384), "down": (8192, 2048)}
+"""Llama-3.2-1B's linears: (in features K, out features N)."""
+TYPES = {
+    "q4_k": GGMLType.Q4_K,
+    "q4_k_rows": GGMLType.Q4_K,
+    "q5_k": GGMLType.Q5_K,
+    "q6_k": GGMLType.Q6_K,
+    "q6_k_rows": GGMLType.Q6_K,
+    "q8_0": GGMLType.Q8_0,
+}
+KERNELS = ("q4_1", *TYPES)
+
+
+def linear(kernel: str, k: int, n: int, seed: int) -> tuple[nn.Module, int]:
+    """One kernel's module on a random weight, with the weight bytes a call reads."""
+    if kernel == "q4_1":
+        int4 = Int4Linear.from_linear(nn.Linear(k, n, bias=False), group_size=32)
+        return Q4CpuLinear(int4), n * k // 2 + 2 * n * k // 32 * 2
+    ggml_type = TYPES[kernel]
+    blocks = torch.from_numpy(ggml_kernels.random_blocks(ggml_type, n, k, seed))
+    return GgmlLinear(blocks, ggml_type, k, tile=not kernel.endswith("_rows")), blocks.numel()
+
+
+def per_shape(rows_list: list[int], repeats: int) -> list[dict[str, object]]:
+    results: list[dict[str, object]] = []
+    for name, (k, n) in SHAPES.items():
+        modules = {kernel: linear(kernel, k, n, seed=k + n)[0] for kernel in KERNELS}
+        for rows in rows_list:
+            x = torch.randn(rows, k)
+            calls = max(2, int(5e7 // (n * k * rows) + 1))
+            times = {
+                kernel: best_time(lambda m=m, x=x: m(x), calls, repeats) for kernel, m in modules.items()
+            }
+            results.append(
+                {"shape": name, "k": k, "n": n, "rows": rows}
+                | {f"{kernel}_us": round(s * 1e6, 1) for kernel, s in times.items()}
+            )
+    return results
+
+
+def per_layer(rows_list: list[int], num_layers: int, repeats: int) -> list[dict[str, object]]:
+    """``num_layers`` layers of each kind, every linear its own weight: ms per layer and weight GB/s."""
+    kinds = {kernel: dict.fromkeys(SHAPES, kernel) for kernel in KERNELS}
+    kinds["q4_k_m"] = dict.fromkeys(SHAPES, "q4_k") | {"down": "q6_k"}
+    results: list[dict[str, object]] = []
+    for kind, per_linear in kinds.items():
+        built = [
+            (k, *linear(per_linear[name], k, n, seed=1000 * layer + i))
+            for layer in range(num_layers)
+            for i, (name, (k, n)) in enumerate(SHAPES.items())
+        ]
+        layer_bytes = sum(size for _, _, size in built) // num_layers
+        for rows in rows_list:
+            inputs = {k: torch.randn(rows, k) for k, _, _ in built}
+
+            def step(inputs: dict[int, torch.Tensor] = inputs, built: list = built) -> Callable[[], None]:
+                def run() -> None:
+                    for k, module, _ in built:
+                        module(inputs[k])
+
+                return run
+
+            seconds = best_time(step(), 1, repeats) / num_layers
+            results.append(
+                {"layer": kind, "rows": rows, "ms": round(seconds * 1e3, 3)}
+                | {
+                    "weight_mb": round(layer_bytes / 1e6, 1),
+                    "weight_gb_s": round(layer_bytes / seconds / 1e9, 2),
+                }
+            )
+        del built
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument(
+        "--layers", type=int, default=4, help="decoder layers per kind in the per-layer figures"
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-shapes", action="store_true", help="only the per-layer figures")
+    args = parser.parse_args(argv)
+    if not cpu_kernels.available():
+        print(json.dumps({"error": "the C kernels cannot be built here (no C compiler)"}))
+        return 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    with torch.inference_mode():
+        shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats)
+        layers = per_layer(args.rows, args.layers, args.repeats) if args.layers else []
+    report = {
+        "benchmark": "ggml_linears",
+        "cpu": cpu_model(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "tiled": cpu_kernels.q4_1_tiled(),
+        "threads": torch.get_num_threads(),
+        "commit": git_commit(),
+        "results": shapes,
+        "layers": layers,
+    }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
