@@ -18,6 +18,7 @@ from engine.layers.ggml_linear import GgmlEmbedding, GgmlLinear, StackedLinear
 from engine.loader import load_model
 from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from tests.engine.ggml_files import MIXED_TYPES, Q, random_blocks, write_mixed_gguf
+from tests.engine.test_cpu_kernels import assert_decoder_kernel_is_the_torch_path
 
 pytestmark = pytest.mark.skipif(
     not kernels.available(), reason="no C compiler: the CPU kernels cannot be built"
@@ -178,3 +179,5 @@ def test_a_mixed_gguf_loads_in_its_own_blocks(
     )
     assert model.model.decode_kernel is not None
     torch.testing.assert_close(_logits(model, ids), expected, rtol=0, atol=2e-3 * expected.abs().max().item())
+    # decode steps through the one-call C layers (the parts chained) are the torch path's, bit for bit
+    assert_decoder_kernel_is_the_torch_path(model)
