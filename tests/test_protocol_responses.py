@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from protocol.openai.errors import OpenAIRequestError
-from protocol.openai.responses_events import ResponseBuilder, ResponsesStream
+from protocol.openai.responses_events import ChatChunkFrames, ResponseBuilder, ResponsesStream
 from protocol.openai.responses_request import parse_responses_request
 from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame, ToolCall
 
@@ -156,3 +156,69 @@ def test_cut_by_max_output_tokens_is_incomplete_and_an_engine_error_failed() -> 
     error = ErrorFrame(message="boom", code="engine_error", status=500, completion_tokens=1)
     sent = events(ResponsesStream(request, request_id="r3"), [DeltaFrame(text="Hi"), error])
     assert sent[-1]["type"] == "response.failed" and sent[-1]["response"]["error"]["message"] == "boom"
+
+
+def test_an_openai_servers_streamed_calls_are_put_together_by_index() -> None:
+    reader = ChatChunkFrames()
+    pieces = [
+        {"choices": [{"index": 0, "delta": {"content": "Checking."}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {
+                                "index": 0,
+                                "id": "call_a",
+                                "function": {"name": "get_weather", "arguments": '{"ci'},
+                            }
+                        ]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 1, "id": "call_b", "function": {"name": "get_time", "arguments": "{}"}}
+                        ]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": 'ty": "Rome"}'}}]},
+                }
+            ]
+        },
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+    ]
+    frames = [frame for chunk in pieces for frame in reader.frames(chunk)]
+    assert [f.text for f in frames] == ["Checking.", ""] and reader.finish_reason == "tool_calls"
+    calls = frames[-1].tool_calls or []
+    assert [(c.id, c.name, c.arguments) for c in calls] == [
+        ("call_a", "get_weather", '{"city": "Rome"}'),
+        ("call_b", "get_time", "{}"),
+    ]
+    whole = {
+        "choices": [
+            {
+                "message": {
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "call_c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                    ],
+                },
+                "finish_reason": "tool_calls",
+            }
+        ]
+    }
+    frame = ChatChunkFrames().answer(whole)
+    assert frame.text == "" and [c.id for c in frame.tool_calls or []] == ["call_c"]

@@ -5,6 +5,8 @@ Prints one JSON object:
 - ``compile``: 20 distinct JSON schemas (nested objects, arrays, enums, bounded numbers,
   optional fields, patterns, formats) compiled on a cold cache: p50/p99/max in ms, the one-off
   vocabulary setup, and the cache-hit path (the same 20 again) p50/p99;
+- ``bounds_per_token``: what the number bounds add to each constrained token (mask + advance, µs),
+  llguidance's matcher alone against the wrapped one, on an answer of 60 numbers;
 - ``mixed_batch``: decode steps of a batch of unconstrained greedy rows alone, and with the
   same number of extra rows held to a grammar (a long string; ``mixed_batch_numbers``: an array
   of numbers, where the number bounds of ``engine/structured/json_bounds.py`` work every step).
@@ -27,6 +29,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from engine.config import EngineConfig
@@ -114,7 +117,7 @@ def schemas() -> list[dict[str, Any]]:
 def bench_compile(engine: LLMEngine) -> dict[str, Any]:
     compiler = GrammarCompiler(engine.tokenizer, vocab_size=engine.model_config.vocab_size)
     started = time.perf_counter()
-    _ = compiler.ll_tokenizer
+    _ = compiler.ll_tokenizer, compiler.number_bounds  # the one-off views of the vocabulary
     setup_ms = (time.perf_counter() - started) * 1000
 
     def timed(schema: dict[str, Any]) -> float:
@@ -219,6 +222,41 @@ def bench_mixed_batch(
     }
 
 
+def bench_bounds(engine: LLMEngine, *, rounds: int = 5) -> dict[str, Any]:
+    """What the number bounds add to each constrained token: mask + advance in microseconds, with
+    llguidance's matcher alone (as before the bounds) and wrapped (``BoundedMatcher``), interleaved,
+    on an answer of many numbers. The best of ``rounds`` each, so a busy machine's noise falls out."""
+    text = '{"values": [' + ", ".join(f"{i * 7919 % 100000 / 7:.6f}" for i in range(60)) + "]}"
+    ids = engine.tokenizer.encode(text)
+    grammar = engine.grammars.json_schema(
+        MANY_NUMBERS | {"properties": {"values": {"type": "array", "items": {"type": "number"}}}}
+    )
+    words = np.empty((engine.model_config.vocab_size + 31) // 32, dtype=np.int32)
+
+    def per_token_us(bounded: bool) -> float:
+        matcher = grammar.matcher()
+        raw = matcher.inner  # the same parse without the bounds: the baseline
+        started = time.perf_counter()
+        for token in ids:
+            if bounded:
+                matcher.fill_mask(words)
+                matcher.consume_token(token)
+            else:
+                raw.unsafe_compute_mask_ptr(words.ctypes.data, words.nbytes)
+                raw.consume_token(token)
+        return (time.perf_counter() - started) * 1e6 / len(ids)
+
+    best = {"llguidance_alone_us": float("inf"), "with_bounds_us": float("inf")}
+    for _ in range(rounds):
+        best["llguidance_alone_us"] = min(best["llguidance_alone_us"], per_token_us(False))
+        best["with_bounds_us"] = min(best["with_bounds_us"], per_token_us(True))
+    return {
+        "tokens": len(ids),
+        **{k: round(v, 2) for k, v in best.items()},
+        "added_us_per_token": round(best["with_bounds_us"] - best["llguidance_alone_us"], 2),
+    }
+
+
 def _summary(values: Sequence[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
@@ -240,6 +278,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "model": engine.model_name,
         "threads": torch.get_num_threads(),
         "compile": bench_compile(engine),
+        "bounds_per_token": bench_bounds(engine),
         "mixed_batch": bench_mixed_batch(engine, rows=args.rows, steps=args.steps, rounds=args.rounds),
         "mixed_batch_numbers": bench_mixed_batch(
             engine, rows=args.rows, steps=args.steps, rounds=args.rounds, schema=MANY_NUMBERS

@@ -162,6 +162,11 @@ class BoundedMatcher:
         self._ends: list[int] = []
         """The text's length after each token consumed (rollback cuts it back)."""
 
+    @property
+    def inner(self) -> llguidance.LLMatcher:
+        """The llguidance matcher wrapped (the benchmark's baseline)."""
+        return self._matcher
+
     def fill_mask(self, words: np.ndarray, budget: int | None = None) -> None:
         """Write the allowed-token bitmask (llguidance's layout: a bit per token) into ``words``;
         ``budget`` is how many tokens the answer may still take, this one included."""

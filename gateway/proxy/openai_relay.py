@@ -133,10 +133,27 @@ class OpenAIRelay(BaseRelay):
         self.outcome.error_code = str(code) if code else "engine_error"
         self.outcome.finish_reason = "error"
 
+    # The answer's shape: as the engine sent it (chat or completions). ``/v1/responses`` writes its
+    # own (gateway/proxy/responses_relay.py) from the same events.
+
+    def _stream_opening(self) -> bytes:
+        return b""
+
+    def _stream_done(self) -> bytes:
+        return SSE_DONE
+
+    def _format_event(self, event: dict[str, Any]) -> bytes:
+        return sse_event(event)
+
+    def _format_answer(self, answer: dict[str, Any]) -> dict[str, Any]:
+        return answer
+
     async def send_stream(self, send: Send) -> None:
         assert self._response is not None
         content = self._response.content
         data: list[bytes] = []
+        if opening := self._stream_opening():
+            await send({"type": "http.response.body", "body": opening, "more_body": True})
         try:
             while True:
                 line = await content.readline()
@@ -152,7 +169,7 @@ class OpenAIRelay(BaseRelay):
                 if payload == b"[DONE]":
                     self._terminal = self._engine_done = True
                     await self.commit()
-                    await send({"type": "http.response.body", "body": SSE_DONE, "more_body": True})
+                    await send({"type": "http.response.body", "body": self._stream_done(), "more_body": True})
                     break
                 chunk = self._relay_event(payload)
                 if self._reported_usage:  # the engine's usage: the answer is complete
@@ -180,7 +197,7 @@ class OpenAIRelay(BaseRelay):
             return b""
         if "error" in event:
             self._error_event(event)
-            return sse_event(event)
+            return self._format_event(event)
         if self.outcome.ttft_s is None and event.get("choices"):
             self.outcome.ttft_s = time.perf_counter() - self._t0
         self._rewrite(event)
@@ -193,7 +210,7 @@ class OpenAIRelay(BaseRelay):
             del event["usage"]
             if not event.get("choices"):
                 return b""  # the usage event the gateway asked for, not the client
-        return sse_event(event)
+        return self._format_event(event)
 
     def _broken(self) -> bytes:
         out = self.outcome
@@ -218,7 +235,7 @@ class OpenAIRelay(BaseRelay):
                 self._error_event(answer)
             return 502, orjson.dumps(error_body("The engine sent no usable answer.", status=502))
         self._rewrite(answer)
-        return 200, orjson.dumps(answer)
+        return 200, orjson.dumps(self._format_answer(answer))
 
     # -- finishing
 

@@ -13,12 +13,13 @@ from typing import Any
 import orjson
 from starlette.types import Send
 
+from gateway.proxy.openai_relay import OpenAIRelay
 from gateway.proxy.rpc_relay import Relay
 from protocol.openai.errors import error_body
 from protocol.openai.responses import error_frame_body
-from protocol.openai.responses_events import ResponseBuilder, ResponsesStream
+from protocol.openai.responses_events import ChatChunkFrames, ResponseBuilder, ResponsesStream
 from protocol.openai.responses_request import ResponsesRequest
-from protocol.rpc import DeltaFrame, FinalFrame
+from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame
 
 
 class ResponsesRelay(Relay):
@@ -46,3 +47,59 @@ class ResponsesRelay(Relay):
             else:
                 status, body = frame.status, error_frame_body(frame)
         return status, orjson.dumps(body)
+
+
+class ResponsesOpenAIRelay(OpenAIRelay):
+    """An OpenAI-compatible engine's chat answer (chunks, or one object) as the Responses API's."""
+
+    def __init__(self, *, responses_request: ResponsesRequest, **relay: Any) -> None:
+        super().__init__(**relay)
+        self.responses_request = responses_request
+        self.events = ResponsesStream(responses_request, request_id=self.request_id)
+        self.chunks = ChatChunkFrames()
+        self._completed = False
+
+    def _stream_opening(self) -> bytes:
+        return self.events.start()
+
+    def _format_event(self, event: dict[str, Any]) -> bytes:
+        if "error" in event:
+            error = event["error"] if isinstance(event["error"], dict) else {}
+            return self._final(
+                ErrorFrame(message=str(error.get("message") or "The engine failed."), status=502)
+            )
+        out = b"".join(self.events.frame(frame) for frame in self.chunks.frames(event))
+        if isinstance(event.get("usage"), dict):  # the engine's usage, in the outcome: the last event
+            out += self._final(self._final_frame())
+        return out
+
+    def _final_frame(self) -> FinalFrame:
+        out = self.outcome
+        return FinalFrame(
+            finish_reason=self.chunks.finish_reason,
+            prompt_tokens=out.prompt_tokens,
+            cached_tokens=out.cached_tokens,
+            completion_tokens=out.completion_tokens,
+        )
+
+    def _final(self, frame: FinalFrame | ErrorFrame) -> bytes:
+        if self._completed:
+            return b""
+        self._completed = True
+        return self.events.frame(frame)
+
+    def _stream_done(self) -> bytes:
+        """``[DONE]`` without usage (an engine that reports none): counted here, then completed."""
+        self._settle_usage()
+        calls = b"".join(self.events.frame(frame) for frame in self.chunks.pending_calls())
+        return calls + self._final(self._final_frame())
+
+    def _broken(self) -> bytes:
+        super()._broken()
+        return self._final(ErrorFrame(message="The engine closed the stream before finishing.", status=502))
+
+    def _format_answer(self, answer: dict[str, Any]) -> dict[str, Any]:
+        builder = ResponseBuilder(self.responses_request, request_id=self.request_id)
+        builder.add(self.chunks.answer(answer))
+        self._settle_usage()
+        return builder.final(self._final_frame())

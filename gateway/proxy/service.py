@@ -16,7 +16,7 @@ from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.openai_relay import OpenAIRelay
 from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome, UsageJournal
 from gateway.proxy.relay import BaseRelay, RelayResponse
-from gateway.proxy.responses_relay import ResponsesRelay
+from gateway.proxy.responses_relay import ResponsesOpenAIRelay, ResponsesRelay
 from gateway.proxy.rpc_relay import Relay
 from protocol.openai.requests import OpenAIRequest
 from protocol.openai.responses_request import ResponsesRequest
@@ -75,33 +75,31 @@ async def dispatch(
     engines serving the model decide the relay: Tern's RPC, or the client's own request
     (``raw_body``, already validated) forwarded to an OpenAI-compatible server. With
     ``responses_request`` (``/v1/responses``, ``openai_request`` its chat form) the answer is written
-    in the Responses shape; Tern engines only, for now.
+    in the Responses shape, whichever the engines' kind.
     """
     tenant_id = str(key.tenant_id) if key.tenant_id else None
     all_hooks = [observe_upstream_metrics, *hooks]
     relay: BaseRelay
-    kind = pool.kind_for(openai_request.model)
-    if kind == "openai" and responses_request is not None:
-        raise OpenAIError(
-            400,
-            f"The model '{openai_request.model}' is served by OpenAI-compatible engines, which this "
-            "gateway does not relay /v1/responses to yet: use /v1/chat/completions for it.",
-            param="model",
-            code="unsupported_endpoint",
-        )
-    if kind == "openai":
-        relay = OpenAIRelay(
-            pool=pool,
-            body=capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap),
-            request_id=request_id,
-            openai_request=openai_request,
-            endpoint=endpoint,
-            tenant_id=tenant_id,
-            key_id=str(key.key_id),
-            hooks=all_hooks,
-            journal=journal,
-            token_counter=pool.token_counter,
-            cache_namespace=cache_namespace,
+    if pool.kind_for(openai_request.model) == "openai":
+        if responses_request is not None:  # the chat request it amounts to, as JSON
+            raw_body = openai_request.model_dump_json(exclude_defaults=True, by_alias=True).encode()
+        upstream: dict[str, Any] = {
+            "pool": pool,
+            "body": capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap),
+            "request_id": request_id,
+            "openai_request": openai_request,
+            "endpoint": endpoint,
+            "tenant_id": tenant_id,
+            "key_id": str(key.key_id),
+            "hooks": all_hooks,
+            "journal": journal,
+            "token_counter": pool.token_counter,
+            "cache_namespace": cache_namespace,
+        }
+        relay = (
+            OpenAIRelay(**upstream)
+            if responses_request is None
+            else ResponsesOpenAIRelay(responses_request=responses_request, **upstream)
         )
     else:
         gen_request = openai_request.to_generate_request(

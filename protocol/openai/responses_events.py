@@ -222,3 +222,49 @@ class ResponsesStream:
                 "response.output_item.done", output_index=index, item=builder.call_item(call, done=True)
             )
         )
+
+
+class ChatChunkFrames:
+    """An OpenAI-compatible server's chat answer (its chunks, or one object) as the RPC's frames, so
+    that the Responses shape is written from it as from a Tern engine's. Streamed tool calls arrive
+    in pieces by index; they are put together and sent when the choice finishes."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict[str, str]] = {}
+        self.finish_reason = "stop"
+
+    def frames(self, chunk: dict[str, Any]) -> list[DeltaFrame]:
+        out: list[DeltaFrame] = []
+        for choice in chunk.get("choices") or ():
+            delta = (choice.get("delta") if isinstance(choice, dict) else None) or {}
+            if isinstance(delta.get("content"), str) and delta["content"]:
+                out.append(DeltaFrame(text=delta["content"]))
+            for piece in delta.get("tool_calls") or ():
+                call = self._calls.setdefault(
+                    int(piece.get("index", 0)), {"id": "", "name": "", "arguments": ""}
+                )
+                function = piece.get("function") or {}
+                call["id"] = piece.get("id") or call["id"]
+                call["name"] = function.get("name") or call["name"]
+                call["arguments"] += function.get("arguments") or ""
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+                out += self.pending_calls()
+        return out
+
+    def pending_calls(self) -> list[DeltaFrame]:
+        """The calls put together so far (at the choice's end, or when the stream ends without one)."""
+        calls = [ToolCall(**self._calls[i]) for i in sorted(self._calls)]
+        self._calls = {}
+        return [DeltaFrame(tool_calls=calls)] if calls else []
+
+    def answer(self, answer: dict[str, Any]) -> DeltaFrame:
+        """A whole ``chat.completion`` object's first choice as one frame."""
+        choice = (answer.get("choices") or [{}])[0]
+        message = choice.get("message") or {}
+        self.finish_reason = str(choice.get("finish_reason") or "stop")
+        calls = [
+            ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
+            for c in message.get("tool_calls") or ()
+        ]
+        return DeltaFrame(text=message.get("content") or "", tool_calls=calls or None)

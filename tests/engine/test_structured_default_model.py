@@ -24,6 +24,8 @@ from engine.structured.grammar import closed_object
 from engine.structured.json_bounds import INT64_BOUND, BoundedMatcher
 from protocol.rpc import DeltaFrame, FinalFrame, GenerateRequest
 
+pytestmark = pytest.mark.slow  # the real default model
+
 SEEDS = range(20)
 NEEDED = 19
 

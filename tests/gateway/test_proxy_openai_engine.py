@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from credentials import TEST_ADMIN_KEY, TEST_SECRET
 from fake_engine import FakeEngine
@@ -253,3 +254,33 @@ def test_health_rotation_and_a_server_without_a_health_route(
         gw.server.stop()
         other.stop()
         tern.stop()
+
+
+@pytest.mark.parametrize("report_usage", [True, False])
+def test_responses_reach_an_openai_upstream_as_its_chat_and_are_billed_once(
+    gateway: Gateway, upstream: FakeOpenAIEngine, report_usage: bool
+) -> None:
+    upstream.report_usage = report_usage
+    client = openai.OpenAI(base_url=f"{gateway.server.url}/v1", api_key=gateway.key, max_retries=0)
+    question = {"instructions": "Be brief.", "input": "say hello to me", "max_output_tokens": 20}
+    reply = client.responses.create(model=SERVED, **question)
+    assert reply.output_text == "".join(REPLY) and reply.status == "completed" and reply.model == SERVED
+    events = list(client.responses.create(model=SERVED, stream=True, **question))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == "".join(REPLY)
+    plain, streamed = upstream.received
+    assert plain["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "say hello to me"},
+    ]
+    assert plain["max_tokens"] == 20 and plain["model"] == "upstream-model"
+    assert streamed["stream"] is True and streamed["stream_options"] == {"include_usage": True}
+    final = events[-1].response  # type: ignore[union-attr]
+    rows = wait_for_rows(gateway.database_url, 2)
+    assert {r["endpoint"] for r in rows} == {"responses"} and all(
+        r["usage_estimated"] != report_usage for r in rows
+    )
+    assert reply.usage is not None and final.usage is not None
+    billed = sorted((r["prompt_tokens"], r["completion_tokens"]) for r in rows)
+    assert billed == sorted((u.input_tokens, u.output_tokens) for u in (reply.usage, final.usage))
