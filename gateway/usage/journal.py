@@ -90,6 +90,8 @@ class UsageJournal:
         self._pending_seq = 0
         self._waiter: asyncio.Future[None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self.disabled = False
+        """The directory could not be written at start: usage goes to Postgres unjournaled."""
 
     # ------------------------------------------------------------ appending
 
@@ -101,6 +103,10 @@ class UsageJournal:
         if counts:
             self.seq += 1
             self._pending_seq = self.seq
+        if self.disabled:
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         self._pending.append(line)
         if self._waiter is None:
             self._waiter = asyncio.get_running_loop().create_future()
@@ -136,6 +142,8 @@ class UsageJournal:
         """Write one line at once, on the event loop, without fsync: it survives the process dying
         the next moment (the kernel has it), not the machine. For in-flight snapshots, which a
         queued write could miss when the process dies while an fsync runs."""
+        if self.disabled:
+            return
         try:
             segment = self._current()
             _write_all(segment.fd, line, False)
@@ -157,8 +165,13 @@ class UsageJournal:
         return segment
 
     def open(self) -> None:
-        """Start the first segment now: its lock tells a successor this process existed."""
-        self._current()
+        """Start the first segment now: its lock tells a successor this process existed. A directory
+        that cannot be written disables the journal (said once) rather than the gateway."""
+        try:
+            self._current()
+        except OSError as exc:
+            log.error("usage journal disabled, %s cannot be written: %s", self.directory, exc)
+            self.disabled = True
 
     async def drain(self) -> None:
         """Wait until every queued line is written."""

@@ -124,3 +124,16 @@ async def test_a_stream_cut_by_the_crash_is_billed_from_its_last_snapshot(
             for r in await conn.execute(text("SELECT * FROM usage_records"))
         }
     assert rows == {finished.request_id: (finished.completion_tokens, False), cut.request_id: (5, True)}
+
+
+async def test_an_unwritable_journal_directory_disables_the_journal_not_the_gateway(
+    db: AsyncEngine, tmp_path: Path
+) -> None:
+    (tmp_path / "spool").write_text("a file where the spool directory should be")
+    recorder = UsageRecorder(engine=db, settings=UsageSettings(spool_dir=tmp_path / "spool"))
+    await recorder.start()
+    try:
+        await recorder.record(make_record(random.Random(13)))  # done at once, nothing to wait for
+    finally:
+        await recorder.stop()
+    assert recorder.journal.disabled and await count_rows(db) == 1
