@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -18,6 +19,11 @@ from gateway.db import upgrade_database
 from tern_stack.services import PostgresServer, RedisServer
 
 TEMPLATE_DB = "tern_template"
+
+# Gateways started by this session journal their usage in a directory of the session's own (unless a
+# test gives one): a journal an interrupted session left in .tern/ must not be replayed into the
+# database of a test in the next one.
+os.environ.setdefault("TERN_USAGE_SPOOL_DIR", tempfile.mkdtemp(prefix="tern-test-spool-"))
 _db_counter = itertools.count()
 
 
