@@ -150,7 +150,7 @@ def test_cut_by_max_output_tokens_is_incomplete_and_an_engine_error_failed() -> 
     request = parse(input="hi", max_output_tokens=2)
     builder = ResponseBuilder(request, request_id="r2")
     builder.add(DeltaFrame(text="Hello"))
-    cut = builder.final(FinalFrame(finish_reason="length", prompt_tokens=1, completion_tokens=2))
+    cut = builder.response(FinalFrame(finish_reason="length", prompt_tokens=1, completion_tokens=2))
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
     assert cut["output"][0]["content"][0]["text"] == "Hello" and cut["store"] is False
     error = ErrorFrame(message="boom", code="engine_error", status=500, completion_tokens=1)

@@ -10,16 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
-from starlette.types import Send
-
 from gateway.proxy.openai_relay import OpenAIRelay
-from gateway.proxy.rpc_relay import Relay
-from protocol.openai.errors import error_body
-from protocol.openai.responses import error_frame_body
+from gateway.proxy.rpc_relay import FrameAnswer, FrameStream, Relay
 from protocol.openai.responses_events import ChatChunkFrames, ResponseBuilder, ResponsesStream
 from protocol.openai.responses_request import ResponsesRequest
-from protocol.rpc import DeltaFrame, ErrorFrame, FinalFrame
+from protocol.rpc import ErrorFrame, FinalFrame
 
 
 class ResponsesRelay(Relay):
@@ -27,26 +22,11 @@ class ResponsesRelay(Relay):
         super().__init__(**relay)
         self.responses_request = responses_request
 
-    async def send_stream(self, send: Send) -> None:
-        events = ResponsesStream(self.responses_request, request_id=self.request_id)
-        await send({"type": "http.response.body", "body": events.start(), "more_body": True})
-        while (frame := await self.next_frame()) is not None:
-            chunk = events.frame(frame)
-            if chunk:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    def stream_formatter(self) -> FrameStream:
+        return ResponsesStream(self.responses_request, request_id=self.request_id)
 
-    async def json_answer(self) -> tuple[int, bytes]:
-        builder = ResponseBuilder(self.responses_request, request_id=self.request_id)
-        status, body = 502, error_body("The engine sent no answer.", status=502)
-        while (frame := await self.next_frame()) is not None:
-            if isinstance(frame, DeltaFrame):
-                builder.add(frame)
-            elif isinstance(frame, FinalFrame):
-                status, body = 200, builder.final(frame)
-            else:
-                status, body = frame.status, error_frame_body(frame)
-        return status, orjson.dumps(body)
+    def answer_builder(self) -> FrameAnswer:
+        return ResponseBuilder(self.responses_request, request_id=self.request_id)
 
 
 class ResponsesOpenAIRelay(OpenAIRelay):
@@ -102,4 +82,4 @@ class ResponsesOpenAIRelay(OpenAIRelay):
         builder = ResponseBuilder(self.responses_request, request_id=self.request_id)
         builder.add(self.chunks.answer(answer))
         self._settle_usage()
-        return builder.final(self._final_frame())
+        return builder.response(self._final_frame())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import aiohttp
 import anyio
@@ -35,6 +36,16 @@ log = logging.getLogger(__name__)
 ABORT_TIMEOUT_S = 2.0
 DRAIN_TIMEOUT_S = 5.0
 """How long the cleanup waits for the engine's final frame after an abort, for exact usage."""
+
+
+class FrameStream(Protocol):
+    def start(self) -> bytes: ...
+    def frame(self, frame: DeltaFrame | FinalFrame | ErrorFrame) -> bytes: ...
+
+
+class FrameAnswer(Protocol):
+    def add(self, frame: DeltaFrame) -> None: ...
+    def response(self, final: FinalFrame) -> dict[str, Any]: ...
 
 
 class Relay(BaseRelay):
@@ -139,8 +150,16 @@ class Relay(BaseRelay):
 
     # -- answering
 
+    def stream_formatter(self) -> FrameStream:
+        """What writes the frames as the client's stream (chat or completions chunks here)."""
+        return StreamFormatter(self.openai_request, request_id=self.request_id)
+
+    def answer_builder(self) -> FrameAnswer:
+        """What gathers the frames into the client's one answer."""
+        return ResponseAccumulator(self.openai_request, request_id=self.request_id)
+
     async def send_stream(self, send: Send) -> None:
-        formatter = StreamFormatter(self.openai_request, request_id=self.request_id)
+        formatter = self.stream_formatter()
         opening = formatter.start()
         if opening:
             await send({"type": "http.response.body", "body": opening, "more_body": True})
@@ -153,7 +172,7 @@ class Relay(BaseRelay):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def json_answer(self) -> tuple[int, bytes]:
-        accumulator = ResponseAccumulator(self.openai_request, request_id=self.request_id)
+        accumulator = self.answer_builder()
         status, body = 502, error_body("The engine sent no answer.", status=502)
         while (frame := await self.next_frame()) is not None:
             if isinstance(frame, DeltaFrame):

@@ -80,19 +80,21 @@ async def dispatch(
     tenant_id = str(key.tenant_id) if key.tenant_id else None
     all_hooks = [observe_upstream_metrics, *hooks]
     relay: BaseRelay
+    common: dict[str, Any] = {
+        "pool": pool,
+        "openai_request": openai_request,
+        "endpoint": endpoint,
+        "tenant_id": tenant_id,
+        "key_id": str(key.key_id),
+        "hooks": all_hooks,
+        "journal": journal,
+    }
     if pool.kind_for(openai_request.model) == "openai":
         if responses_request is not None:  # the chat request it amounts to, as JSON
             raw_body = openai_request.model_dump_json(exclude_defaults=True, by_alias=True).encode()
-        upstream: dict[str, Any] = {
-            "pool": pool,
+        upstream = common | {
             "body": capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap),
             "request_id": request_id,
-            "openai_request": openai_request,
-            "endpoint": endpoint,
-            "tenant_id": tenant_id,
-            "key_id": str(key.key_id),
-            "hooks": all_hooks,
-            "journal": journal,
             "token_counter": pool.token_counter,
             "cache_namespace": cache_namespace,
         }
@@ -108,20 +110,10 @@ async def dispatch(
         if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
             sampling = gen_request.sampling
             sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
-        fields: dict[str, Any] = {
-            "pool": pool,
-            "gen_request": gen_request,
-            "openai_request": openai_request,
-            "endpoint": endpoint,
-            "tenant_id": tenant_id,
-            "key_id": str(key.key_id),
-            "hooks": all_hooks,
-            "journal": journal,
-        }
         relay = (
-            Relay(**fields)
+            Relay(gen_request=gen_request, **common)
             if responses_request is None
-            else ResponsesRelay(responses_request=responses_request, **fields)
+            else ResponsesRelay(responses_request=responses_request, gen_request=gen_request, **common)
         )
     await relay.open()
     return RelayResponse(relay, headers=headers)

@@ -66,7 +66,7 @@ class ResponseBuilder:
         items = [self.message_item(done=True)] if self.text and "".join(self.text) else []
         return items + [self.call_item(call, done=True) for call in self.calls]
 
-    def response(self, *, status: str, final: FinalFrame | ErrorFrame | None = None) -> dict[str, Any]:
+    def body(self, *, status: str, final: FinalFrame | ErrorFrame | None = None) -> dict[str, Any]:
         request = self.request
         fmt = (
             request.text.format.model_dump(by_alias=True, exclude_none=True)
@@ -108,8 +108,9 @@ class ResponseBuilder:
             self.text.append(frame.text)
         self.calls.extend(frame.tool_calls or [])
 
-    def final(self, final: FinalFrame) -> dict[str, Any]:
-        return self.response(status=_status(final), final=final)
+    def response(self, final: FinalFrame) -> dict[str, Any]:
+        """The whole answer, once the engine's final frame came."""
+        return self.body(status=_status(final), final=final)
 
 
 def _status(final: FinalFrame) -> str:
@@ -137,7 +138,7 @@ class ResponsesStream:
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     def start(self) -> bytes:
-        opening = self.builder.response(status="in_progress")
+        opening = self.builder.body(status="in_progress")
         return self._event("response.created", response=opening) + self._event(
             "response.in_progress", response=opening
         )
@@ -148,8 +149,8 @@ class ResponsesStream:
         out = self._close_message()
         if isinstance(frame, FinalFrame):
             status = _status(frame)
-            return out + self._event(f"response.{status}", response=self.builder.final(frame))
-        failed = self.builder.response(status="failed", final=frame)
+            return out + self._event(f"response.{status}", response=self.builder.response(frame))
+        failed = self.builder.body(status="failed", final=frame)
         return out + self._event("response.failed", response=failed)
 
     def _delta(self, frame: DeltaFrame) -> bytes:
