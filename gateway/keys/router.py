@@ -56,6 +56,9 @@ def _authenticator(request: Request) -> KeyAuthenticator:
     return _state(request).key_authenticator
 
 
+NO_GRACE = KeyRotate()
+
+
 def _created(key: ApiKey, plaintext: str, warnings: list[str] | None = None) -> KeyCreated:
     return KeyCreated(**KeyOut.model_validate(key).model_dump(), key=plaintext, warnings=warnings or [])
 
@@ -130,9 +133,9 @@ async def rotate_key(
     actor: AdminActor,
     session: DbSession,
     request: Request,
-    body: KeyRotate | None = None,
+    body: KeyRotate = NO_GRACE,  # no body: no grace; a JSON null is a 400, as the document says
 ) -> KeyCreated:
-    grace_seconds = body.grace_seconds if body is not None else 0
+    grace_seconds = body.grace_seconds
     old, new, plaintext = await service.rotate_key(
         session,
         actor=actor,

@@ -117,9 +117,14 @@ class TextFormat(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
         populate_by_name=True,
-        json_schema_extra={
-            "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
-            "then": {"required": ["name"], "properties": {"name": {"type": "string"}}},
+        json_schema_extra={  # alternatives, not if/then: see ResponseFormat in protocol/openai/tools.py
+            "anyOf": [
+                {
+                    "required": ["type", "name"],
+                    "properties": {"type": {"enum": ["json_schema"]}, "name": {"type": "string"}},
+                },
+                {"properties": {"type": {"enum": ["text", "json_object"]}}},
+            ]
         },
     )
 

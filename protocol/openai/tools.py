@@ -60,10 +60,19 @@ class ResponseFormat(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        # Two alternatives rather than if/then/else: schemathesis's fuzzer judged a request by a
+        # validator that skips if/then, and sent `json_schema: null` with type json_schema as valid.
         json_schema_extra={
-            "if": {"required": ["type"], "properties": {"type": {"const": "json_schema"}}},
-            "then": {"required": ["json_schema"], "properties": {"json_schema": {"type": "object"}}},
-            "else": {"not": {"required": ["json_schema"]}},
+            "anyOf": [
+                {
+                    "required": ["type", "json_schema"],
+                    "properties": {"type": {"enum": ["json_schema"]}, "json_schema": {"type": "object"}},
+                },
+                {
+                    "properties": {"type": {"enum": ["text", "json_object"]}},
+                    "not": {"required": ["json_schema"]},
+                },
+            ]
         },
     )
 

@@ -96,7 +96,16 @@ async def test_rotation_with_grace_keeps_the_old_key_until_the_grace_ends(
     expires = datetime.fromisoformat(old_now["expires_at"])
     assert timedelta(minutes=59) < expires - datetime.now(UTC) <= timedelta(hours=1)
 
-    # Rotating the new key without grace retires it at once.
+    # A JSON null is not "no body": refused as the OpenAPI document says, and nothing rotates.
+    null_body = await client.post(
+        f"/admin/keys/{new['id']}/rotate",
+        content=b"null",
+        headers=admin_headers | {"content-type": "application/json"},
+    )
+    assert null_body.status_code == 400 and null_body.json()["error"]["type"] == "invalid_request_error"
+    assert (await whoami(client, new["key"])).status_code == 200
+
+    # Rotating the new key without grace (no body) retires it at once.
     newest = (await client.post(f"/admin/keys/{new['id']}/rotate", headers=admin_headers)).json()
     refused = await whoami(client, new["key"])
     assert refused.status_code == 401 and refused.json()["error"]["code"] == "key_expired"
