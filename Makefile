@@ -17,7 +17,7 @@ test: $(TEST_STAMP)
 	$(PY) -m pytest
 
 lint: $(TEST_STAMP)
-	$(VENV)/bin/ruff check gateway engine protocol tests migrations tern_cli tern_stack
+	$(VENV)/bin/ruff check gateway engine protocol bench tests migrations tern_cli tern_stack
 	$(VENV)/bin/mypy
 
 $(VENV)/bin/python:

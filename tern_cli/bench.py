@@ -10,46 +10,46 @@ import sys
 
 BENCHMARKS = {
     "gateway": (
-        "gateway.bench.gateway",
+        "bench.gateway.gateway",
         "the gateway's throughput and added latency (auth, limits, metering) over a stand-in engine",
     ),
     "upstream-client": (
-        "gateway.bench.upstream_client",
+        "bench.gateway.upstream_client",
         "httpx against aiohttp for the gateway-to-engine hop",
     ),
     "prefix-routing": (
-        "gateway.bench.prefix_routing",
+        "bench.gateway.prefix_routing",
         "cache-aware routing against round-robin: 2 engines, shared-prefix traffic, through a gateway",
     ),
-    "engine": ("engine.bench.serving", "load test of a running engine: N concurrent streams"),
-    "engine-hf": ("engine.bench.hf_baseline", "Hugging Face transformers generate, the engine's baseline"),
+    "engine": ("bench.engine.serving", "load test of a running engine: N concurrent streams"),
+    "engine-hf": ("bench.engine.hf_baseline", "Hugging Face transformers generate, the engine's baseline"),
     "shared-prefix": (
-        "engine.bench.shared_prefix",
+        "bench.engine.shared_prefix",
         "a running engine on shared-system-prompt traffic (prefix cache)",
     ),
     "structured": (
-        "engine.bench.structured",
+        "bench.engine.structured",
         "structured output: grammar compile p50/p99, cache hits, what masks cost a mixed batch",
     ),
     "speculative": (
-        "engine.bench.speculative",
+        "bench.engine.speculative",
         "n-gram speculative decoding on against off: input-grounded and open-ended, 1 and 16 streams",
     ),
     "speculative-ceiling": (
-        "engine.bench.speculative_ceiling",
+        "bench.engine.speculative_ceiling",
         "what speculation can gain here: step cost by draft rows; proposer, oracle, free draft rows replayed",
     ),
-    "grammar-libraries": ("engine.bench.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
-    "kernels": ("engine.bench.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
+    "grammar-libraries": ("bench.engine.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
+    "kernels": ("bench.engine.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
     "cpu-linears": (
-        "engine.bench.cpu_linears",
+        "bench.engine.cpu_linears",
         "the default model's CPU linears: torch's kernels against the C kernels",
     ),
     "ggml-linears": (
-        "engine.bench.ggml_linears",
+        "bench.engine.ggml_linears",
         "GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0) on the C kernels against the default model's q4_1",
     ),
-    "int4-quality": ("engine.bench.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
+    "int4-quality": ("bench.engine.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
 }
 """Name: (module with ``main(argv)``, one line for ``tern bench --help``)."""
 

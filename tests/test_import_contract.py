@@ -256,7 +256,7 @@ def test_engine_core_speaks_its_own_types_not_the_wire() -> None:
 # --------------------------------------------------------------------------- the engine, one way
 
 ENGINE_LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"cli", "bench"}),
+    frozenset({"cli"}),
     frozenset({"serving", "quantize"}),
     frozenset({"core"}),
     frozenset({"loader", "structured"}),
@@ -338,3 +338,23 @@ def test_docs_draw_the_engine_arrows_the_code_has() -> None:
     assert match, "docs/architecture.md has no <!-- engine-imports --> block"
     expected = engine_graph_text(_engine_graph())
     assert match.group(1) == expected, f"update docs/architecture.md's engine arrows to:\n{expected}"
+
+
+# --------------------------------------------------------------------------- top-level packages
+
+PRODUCT_PACKAGES = ("protocol", "engine", "gateway", "tern_stack")
+
+
+def test_no_product_package_imports_the_benchmarks() -> None:
+    """bench/ sits above everything: it may import any package, none imports it (tern_cli/bench.py
+    names its modules by string, to run them)."""
+    assert _python_files("bench"), "bench/ has no source files"
+    for package in PRODUCT_PACKAGES:
+        assert _violations_by_file(package, ["bench"]) == {}, package
+
+
+def test_the_gateway_never_imports_the_local_stack_or_the_command() -> None:
+    """tern_stack and tern_cli run the gateway; the gateway (and its benchmarks' old home) never
+    reaches back up to them."""
+    assert _violations_by_file("gateway", ["tern_stack", "tern_cli"]) == {}
+    assert _violations_by_file("engine", ["tern_stack", "tern_cli"]) == {}

@@ -33,6 +33,9 @@ SHIPPED = [
     "tern_stack/services.py",
     "gateway/db.py",
     "engine/data/calibration.txt",
+    "bench/__init__.py",
+    "bench/engine/serving.py",
+    "bench/gateway/gateway.py",
 ]
 
 

@@ -88,7 +88,7 @@ def default_model(default_gguf_path: Path) -> LoadedModel:
 def float32_perplexity(default_model: LoadedModel) -> float:
     """The exact float32 path's perplexity on the evaluation text: the baseline that the fast path's
     and the INT4 quality tests compare with, computed once (about 8 s)."""
-    from engine.bench.int4_quality import perplexity
+    from bench.engine.int4_quality import perplexity
 
     return perplexity(
         default_model.model, evaluation_ids(default_model), default_model.config.max_position_embeddings

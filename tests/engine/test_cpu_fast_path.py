@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.bench.int4_quality import perplexity
+from bench.engine.int4_quality import perplexity
 from engine.config import EngineConfig, cpu_has_native_bf16
 from engine.core.llm_engine import LLMEngine
 from engine.layers.attention_backends import CDecode, TorchDecode

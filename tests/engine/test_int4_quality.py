@@ -16,7 +16,7 @@ machines and seeds.
 import pytest
 from torch import nn
 
-from engine.bench.int4_quality import distilled_copy, perplexity, quantized_copy
+from bench.engine.int4_quality import distilled_copy, perplexity, quantized_copy
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.layers.quant import Int4Linear

@@ -1,8 +1,8 @@
-"""``engine.bench.kernel_model`` finds each micro-kernel's inner loop in GCC's assembly."""
+"""``bench.engine.kernel_model`` finds each micro-kernel's inner loop in GCC's assembly."""
 
 import pytest
 
-from engine.bench.kernel_model import block_loop, wrappers
+from bench.engine.kernel_model import block_loop, wrappers
 
 ASSEMBLY = """\
 other:

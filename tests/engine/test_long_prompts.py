@@ -1,6 +1,6 @@
 """The long-prompt benchmark's prompts: exact length, no shared prefix (so no prefix cache helps)."""
 
-from engine.bench.long_prompts import long_prompts
+from bench.engine.long_prompts import long_prompts
 from engine.loader import load_tokenizer
 
 

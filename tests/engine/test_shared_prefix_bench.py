@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.bench.shared_prefix import Workload, run, theoretical_max_hit_rate
+from bench.engine.shared_prefix import Workload, run, theoretical_max_hit_rate
 from engine.serving.server import create_app
 from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_engine
 from tests.gateway.live_server import ServerThread

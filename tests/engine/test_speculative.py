@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 import torch
 
-from engine.bench.speculative_ceiling import Unthrottled, priced, replay, step_cost_line
+from bench.engine.speculative_ceiling import Unthrottled, priced, replay, step_cost_line
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence

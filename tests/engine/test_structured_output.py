@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from engine.bench.structured import bench_mixed_batch
+from bench.engine.structured import bench_mixed_batch
 from engine.core.outputs import RequestError
 from engine.serving.frames import generate_frames
 from engine.serving.requests import engine_request

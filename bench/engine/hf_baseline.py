@@ -1,10 +1,10 @@
 """Hugging Face transformers ``generate`` on the engine's default model and benchmark prompts.
 
-    python -m engine.bench.hf_baseline --num-requests 16 --max-tokens 64 [--model PATH.gguf]
+    python -m bench.engine.hf_baseline --num-requests 16 --max-tokens 64 [--model PATH.gguf]
 
 Two figures, printed as one JSON line: the prompts one at a time, and all of them as
 one left-padded batch. Greedy, exactly ``--max-tokens`` new tokens per prompt (eos
-ignored), float32 on CPU, the same as ``engine.bench.serving`` asks of the engine.
+ignored), float32 on CPU, the same as ``bench.engine.serving`` asks of the engine.
 Each figure also comes per CPU second of this process, which the machine's load
 moves far less than wall-clock time (compare with ``serving.py --engine-pid``).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from engine.bench import PROMPTS
+from bench.engine import PROMPTS
 
 
 def load(path: Path):  # -> (model, tokenizer)

@@ -2,13 +2,13 @@
 
 Groups of requests share a long system prompt, each request with its own question:
 the traffic a prefix cache is for. Runs against a running engine with the client of
-``engine.bench.serving`` (the internal RPC, greedy, ``ignore_eos``; token-id prompts
+``bench.engine.serving`` (the internal RPC, greedy, ``ignore_eos``; token-id prompts
 so the shared part is exact) and prints one JSON line: throughput, time to first
 token (p50/p99), the cache hit rate the engine reported (``cached_tokens`` in each
 final frame) and the workload's theoretical maximum hit rate (every request after
 the first of its group reuses the system prompt).
 
-    python -m engine.bench.shared_prefix --url http://127.0.0.1:8100 --num-groups 4 ...
+    python -m bench.engine.shared_prefix --url http://127.0.0.1:8100 --num-groups 4 ...
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from engine.bench.serving import RequestResult, one_request, percentile
+from bench.engine.serving import RequestResult, one_request, percentile
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-/* Probe, not part of the engine (engine/bench/ternary_callgrind/run.sh): M rows x 2048 through the ternary kernel. */
+/* Probe, not part of the engine (bench/engine/ternary_callgrind/run.sh): M rows x 2048 through the ternary kernel. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,12 +1,12 @@
 """Load test for a running engine: N concurrent streams, one JSON line of results.
 
-    python -m engine.bench.serving --url http://127.0.0.1:8100 --concurrency 16 \
+    python -m bench.engine.serving --url http://127.0.0.1:8100 --concurrency 16 \
         --num-requests 32 --max-tokens 64
-    python -m engine.bench.serving --concurrency 1 --num-requests 3 --max-tokens 1 --prompt-tokens 2048
+    python -m bench.engine.serving --concurrency 1 --num-requests 3 --max-tokens 1 --prompt-tokens 2048
 
 Requests go to the internal RPC (``/rpc/v1/generate``) with greedy decoding and
 ``ignore_eos``, so every request produces exactly ``--max-tokens`` tokens and
-runs are comparable with ``engine.bench.hf_baseline``. Time to first token is
+runs are comparable with ``bench.engine.hf_baseline``. Time to first token is
 measured from sending the request to the first frame carrying a token;
 inter-token latency is the gap between consecutive tokens of one request.
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import httpx
 
-from engine.bench import PROMPTS
-from engine.bench.long_prompts import long_prompts
+from bench.engine import PROMPTS
+from bench.engine.long_prompts import long_prompts
 from engine.loader import load_tokenizer
 from protocol.rpc import GENERATE_PATH, DeltaFrame, FinalFrame, parse_frame
 
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--prompt-tokens",
         type=int,
-        help="long-prompt prefill case: each request a distinct prompt of this many tokens (engine.bench."
+        help="long-prompt prefill case: each request a distinct prompt of this many tokens (bench.engine."
         "long_prompts) instead of the 16 short chat prompts; TTFT is then the prefill time",
     )
     args = p.parse_args(argv)

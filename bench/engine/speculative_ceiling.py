@@ -19,7 +19,7 @@ much of a request's time is prefill (the same work with speculation on or off). 
 The replay is a model, not a timing (``tern bench speculative`` times the real thing); the oracle
 is the ceiling no proposer can pass with this step cost and prefill share. Prints one JSON object.
 
-    python -m engine.bench.speculative_ceiling [--threads N] [--max-tokens 192]
+    python -m bench.engine.speculative_ceiling [--threads N] [--max-tokens 192]
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench import cpu_model
-from engine.bench.speculative import settings, warmed_engine
+from bench.engine import cpu_model
+from bench.engine.speculative import settings, warmed_engine
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import EngineRequest, SamplingParams
 from engine.core.sequence import Sequence

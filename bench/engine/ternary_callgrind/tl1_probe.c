@@ -1,4 +1,4 @@
-/* Probe, not part of the engine (engine/bench/ternary_callgrind/run.sh). A TL1-style lookup-table ternary GEMV (T-MAC / bitnet.cpp TL1 idea) for AVX2, exact int math, one
+/* Probe, not part of the engine (bench/engine/ternary_callgrind/run.sh). A TL1-style lookup-table ternary GEMV (T-MAC / bitnet.cpp TL1 idea) for AVX2, exact int math, one
  * activation row: measured against the 2-bit kernel with callgrind. Not shipped. */
 #include <immintrin.h>
 #include <stdint.h>

@@ -1,6 +1,6 @@
 """A random-weight BitNet b1.58 GGUF of bitnet-b1.58-2B-4T's shapes, for speed comparisons only.
 
-    python -m engine.bench.make_bitnet_gguf --out /tmp/gguf/bitnet-2b4t-random.F16.gguf
+    python -m bench.engine.make_bitnet_gguf --out /tmp/gguf/bitnet-2b4t-random.F16.gguf
     /tmp/peers/llama-server-build/bin/llama-quantize /tmp/gguf/bitnet-2b4t-random.F16.gguf \\
         /tmp/gguf/bitnet-2b4t-random.TQ2_0.gguf TQ2_0 2
 

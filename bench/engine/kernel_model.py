@@ -1,6 +1,6 @@
 """A static estimate of the q4_1 micro-kernels' throughput on a CPU this machine may not have.
 
-    python -m engine.bench.kernel_model [--march sapphirerapids] [--mcpu icelake-server]
+    python -m bench.engine.kernel_model [--march sapphirerapids] [--mcpu icelake-server]
 
 Compiles the AVX-512 tiles and the VNNI kernel of ``engine/cpu/quant_kernels.c`` for
 ``--march`` (GCC, as the engine builds them), takes each micro-kernel's

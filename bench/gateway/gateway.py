@@ -18,7 +18,7 @@ priced), driven in turns (``--rounds`` rounds, the order alternating each round,
 work on the machine falls on both alike); it reports each round's requests/s and CPU time per request
 and the ratio of the medians.
 
-Prints one JSON object. ``python -m gateway.bench.gateway --requests 2000 --concurrency 1 64``
+Prints one JSON object. ``python -m bench.gateway.gateway --requests 2000 --concurrency 1 64``
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 import aiohttp
 import httpx
 
-from gateway.bench.standin import MODEL, start_standin
+from bench.gateway.standin import MODEL, start_standin
 from gateway.db import upgrade_database
 from protocol.rpc import GENERATE_PATH
 from tern_stack.services import PostgresServer, RedisServer, free_port

@@ -1,5 +1,5 @@
-"""Benchmarks: ``python -m engine.bench.serving`` (a running engine under concurrent load) and
-``python -m engine.bench.hf_baseline`` (transformers ``generate`` on the same model and prompts).
+"""Benchmarks: ``python -m bench.engine.serving`` (a running engine under concurrent load) and
+``python -m bench.engine.hf_baseline`` (transformers ``generate`` on the same model and prompts).
 
 Both use :data:`PROMPTS`, so their figures compare like with like.
 """

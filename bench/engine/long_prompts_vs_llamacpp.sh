@@ -2,11 +2,11 @@
 # Long-prompt prefill, side by side in one run: `tern engine` (defaults + --num-threads) and llama.cpp's
 # llama-server (one slot, 8k context) on the same GGUF, with the peers' load client
 # (../shared/peers/bench_openai_server.py). For each length, COUNT distinct prompts of exactly that many
-# tokens (engine.bench.long_prompts: no two share a prefix, so neither prefix cache helps), one at a
+# tokens (bench.engine.long_prompts: no two share a prefix, so neither prefix cache helps), one at a
 # time, 1 output token: TTFT is the prefill time (MAX_TOKENS=64: also the decode speed after the long
 # prompt, as inter-token latency). Interleaved per length. One JSON line per run.
 #   bash ../shared/peers/setup_llama_server.sh                  (once)
-#   bash engine/bench/long_prompts_vs_llamacpp.sh               (from the project root)
+#   bash bench/engine/long_prompts_vs_llamacpp.sh               (from the project root)
 #   env: LENGTHS="512 2048 7000" COUNT=3 THREADS=2 MAX_TOKENS=1 OUT=/tmp/long-sbs.jsonl GGUF=<file>
 set -u
 PEERS="${PEERS:-$(cd "$(dirname "$0")/../../../shared/peers" 2>/dev/null && pwd)}"
@@ -31,7 +31,7 @@ for url in http://127.0.0.1:18211 http://127.0.0.1:18212; do  # warm both on a s
 done
 for n in $LENGTHS; do
   prompts="/tmp/long-prompts-$n.json"
-  .venv/bin/python -m engine.bench.long_prompts --tokens "$n" --count "$COUNT" > "$prompts"
+  .venv/bin/python -m bench.engine.long_prompts --tokens "$n" --count "$COUNT" > "$prompts"
   for pair in "http://127.0.0.1:18211 tern" "http://127.0.0.1:18212 llama.cpp-server"; do
     set -- $pair
     "$TOOLS_PY" "$PEERS/bench_openai_server.py" --url "$1" --server "$2" --requests "$COUNT" --concurrency 1 \

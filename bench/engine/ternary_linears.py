@@ -1,6 +1,6 @@
 """Ternary (BitNet b1.58) linears on CPU: the ternary C kernel against the paths ternary weights took before.
 
-    python -m engine.bench.ternary_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
+    python -m bench.engine.ternary_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
 
 For the decoder linears of two models (Llama-3.2-1B's shapes, the llama-architecture TQ2_0 benchmark
 model; bitnet-b1.58-2B-4T's), with random ternary weights, times in one process, interleaved, best of
@@ -27,9 +27,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.bench import cpu_model
-from engine.bench.cpu_linears import best_time
-from engine.bench.kernels import git_commit
+from bench.engine import cpu_model
+from bench.engine.cpu_linears import best_time
+from bench.engine.kernels import git_commit
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu import ternary
 from engine.layers.packed_linear import Q8CpuLinear

@@ -5,7 +5,7 @@ benchmark checks):
 
 - ``input_grounded``: the answer copies its input: rewrite a passage, edit a code file, quote
   from a document, repeat a text;
-- ``open_ended``: the 16 chat prompts every engine benchmark uses (``engine.bench.PROMPTS``);
+- ``open_ended``: the 16 chat prompts every engine benchmark uses (``bench.engine.PROMPTS``);
 - ``structured``: answers from the passage as JSON held to a schema (structured output), where drafts
   the grammar refuses are never proposed and each draft row is masked as a plain step would be.
 
@@ -14,7 +14,7 @@ Settings alternate on the same engine (speculation is switched on the running en
 then on/off), after one untimed warm-up batch, so a noisy neighbour hits both alike. Prints one
 JSON object: tokens/s per setting, the ratio on/off, the draft acceptance rate.
 
-    python -m engine.bench.speculative [--rounds 2] [--max-tokens 192] [--streams 16] [--threads N]
+    python -m bench.engine.speculative [--rounds 2] [--max-tokens 192] [--streams 16] [--threads N]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from engine.bench import PROMPTS, cpu_model
+from bench.engine import PROMPTS, cpu_model
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import EngineRequest, SamplingParams

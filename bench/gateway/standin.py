@@ -6,7 +6,7 @@ frame; ``/rpc/v1/health`` and ``/rpc/v1/models`` answer as an engine does; any o
 ``{"aborted": false}`` (the abort call). The gateway's tests use ``tests/gateway/fake_engine.py``
 instead, which adds failure switches and records what it received.
 
-``python -m gateway.bench.standin PORT`` serves it; :func:`start_standin` does so in a child process.
+``python -m bench.gateway.standin PORT`` serves it; :func:`start_standin` does so in a child process.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ async def standin_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 def start_standin(port: int, *, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
     """Serve the stand-in on 127.0.0.1:``port`` in a child process; return once it accepts connections."""
-    process = subprocess.Popen([sys.executable, "-m", "gateway.bench.standin", str(port)])
+    process = subprocess.Popen([sys.executable, "-m", "bench.gateway.standin", str(port)])
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:

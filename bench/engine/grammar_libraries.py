@@ -1,11 +1,11 @@
 """llguidance against xgrammar on the default model's vocabulary: why the engine uses llguidance.
 
 Prints one JSON object with, for each library: vocabulary setup (ms), compile + first mask for the
-20 schemas of ``engine.bench.structured`` (p50/max ms), and the per-token cost of mask + advance
+20 schemas of ``bench.engine.structured`` (p50/max ms), and the per-token cost of mask + advance
 while following a 170-token JSON document (µs). xgrammar is not a dependency of Tern: install it
 next to the engine to run this (``pip install xgrammar``); without it only llguidance is measured.
 
-    python -m engine.bench.grammar_libraries
+    python -m bench.engine.grammar_libraries
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import llguidance
 import numpy as np
 
-from engine.bench.structured import schemas
+from bench.engine.structured import schemas
 from engine.loader.load import load_tokenizer
 from engine.structured.grammar import lark_json
 from engine.tokenizer import Tokenizer

@@ -1,6 +1,6 @@
 """INT4 quality: perplexity of a model quantized with RTN and AWQ at each group size, against float.
 
-    python -m engine.bench.int4_quality --eval-file tests/data/pride_and_prejudice_ch1.txt \\
+    python -m bench.engine.int4_quality --eval-file tests/data/pride_and_prejudice_ch1.txt \\
         [--model M] [--calib-file F] [--methods rtn awq] [--group-sizes 32 64 128] [--distill N] \\
         [--seed S] [--threads 1]
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.bench import cpu_model
+from bench.engine import cpu_model
 from engine.layers.quant.awq import awq_quantize
 from engine.layers.quant.distill import distill_int4_scales
 from engine.layers.quant.swap import quantize_linears

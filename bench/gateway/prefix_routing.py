@@ -1,6 +1,6 @@
 """``tern bench prefix-routing``: cache-aware routing against round-robin, 2 Tern engines, one gateway.
 
-The workload is ``engine/bench/shared_prefix.py``'s (SGLang's ``generated-shared-prefix``): groups of
+The workload is ``bench/engine/shared_prefix.py``'s (SGLang's ``generated-shared-prefix``): groups of
 requests share a long system prompt, each with its own question, as token-id prompts so the shared
 part is exact; here the requests of all groups arrive interleaved (shuffled), as traffic from many
 applications does. Each engine's KV cache is kept small (``--kv-cache-gib``) so it can hold about
@@ -13,7 +13,7 @@ each), one ``tern gateway`` with ``TERN_ROUTING_POLICY`` set, and the same workl
 rate (``cached_tokens`` over ``prompt_tokens``, as the engines reported in usage) and TTFT p50/p99
 at the client. Prints one JSON object.
 
-    python -m gateway.bench.prefix_routing --num-groups 8 --prompts-per-group 8
+    python -m bench.gateway.prefix_routing --num-groups 8 --prompts-per-group 8
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import IO, Any
 
 import httpx
 
-from gateway.bench.gateway import percentile, wait_http
+from bench.gateway.gateway import percentile, wait_http
 from gateway.db import upgrade_database
 from tern_stack.services import PostgresServer, RedisServer, free_port
 

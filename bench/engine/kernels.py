@@ -1,7 +1,7 @@
 """Quantized matmul benchmark: INT4 (W4A16) and ternary (BitNet) against torch's half-precision matmul.
 
-    python -m engine.bench.kernels            # on CUDA: the Triton kernels, full Llama-3-8B shapes
-    python -m engine.bench.kernels --quick    # the torch CPU paths, shapes scaled down 4x
+    python -m bench.engine.kernels            # on CUDA: the Triton kernels, full Llama-3-8B shapes
+    python -m bench.engine.kernels --quick    # the torch CPU paths, shapes scaled down 4x
 
 Prints one JSON object: the device, the commit, and for every (kernel, shape, batch) the time,
 the bytes a pass must read or write (weights + scales + activations + output), the achieved GB/s,

@@ -1,6 +1,6 @@
 """GGUF block types on the C kernels: each GGML type's kernel against the default model's q4_1 one.
 
-    python -m engine.bench.ggml_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
+    python -m bench.engine.ggml_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
 
 For Llama-3.2-1B's decoder linears (q/k/v and gate/up stacked, as served), random weights, times in one
 process, interleaved, best of ``--repeats`` windows (the machine is shared: the best window is the least
@@ -23,9 +23,9 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.bench import cpu_model
-from engine.bench.cpu_linears import best_time
-from engine.bench.kernels import git_commit
+from bench.engine import cpu_model
+from bench.engine.cpu_linears import best_time
+from bench.engine.kernels import git_commit
 from engine.cpu import ggml_kernels
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import GGMLType

@@ -17,7 +17,7 @@ Prints one JSON object:
   run to run, so it also reports the time the masks themselves took per step, the part of the
   difference that is structured output's.
 
-    python -m engine.bench.structured [--rows 8] [--steps 16] [--rounds 4] [--threads N]
+    python -m bench.engine.structured [--rows 8] [--steps 16] [--rounds 4] [--threads N]
 """
 
 from __future__ import annotations

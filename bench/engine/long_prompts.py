@@ -7,7 +7,7 @@ that line, a 2,048-token prompt began with the 512-token one of the same number,
 cache that kept it served a quarter of the longer prompt). Written as a JSON list of strings, the
 file is a ``--prompts`` file for the OpenAI load client that runs Tern and llama-server side by side:
 
-    python -m engine.bench.long_prompts --tokens 2048 --count 4 > /tmp/prompts-2048.json
+    python -m bench.engine.long_prompts --tokens 2048 --count 4 > /tmp/prompts-2048.json
 """
 
 from __future__ import annotations

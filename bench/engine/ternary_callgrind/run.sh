@@ -2,9 +2,9 @@
 # Instructions per multiply-add of the ternary kernel (tq2_probe.c, the AVX2 build as on a Zen 3 CPU)
 # and of a TL1-style lookup-table GEMV (tl1_probe.c, T-MAC's loop order), under callgrind, one thread:
 # (count at 5 calls - count at 1 call) / 4 / multiply-adds. From the project root:
-#   bash engine/bench/ternary_callgrind/run.sh      (needs cc and valgrind; docs/quantization.md)
+#   bash bench/engine/ternary_callgrind/run.sh      (needs cc and valgrind; docs/quantization.md)
 set -eu
-HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../cpu"; OUT="$(mktemp -d)"
+HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../../engine/cpu"; OUT="$(mktemp -d)"
 FLAGS="-O3 -march=znver3 -fopenmp -std=c11 -I$CPU"
 cc $FLAGS "$HERE/tq2_probe.c" "$CPU/ternary_kernels.c" -o "$OUT/tq2" -lm
 cc $FLAGS "$HERE/tl1_probe.c" "$CPU/ternary_kernels.c" -o "$OUT/tl1" -lm

@@ -1,6 +1,6 @@
 """CPU linears of the default model: torch's weight-only kernels against the C kernels (engine/cpu).
 
-    python -m engine.bench.cpu_linears [--threads 2] [--rows 1 4 9 16 128] [--repeats 5]
+    python -m bench.engine.cpu_linears [--threads 2] [--rows 1 4 9 16 128] [--repeats 5]
 
 For SmolLM2-135M's shapes (stacked q/k/v, o, stacked gate/up, down: Q4_1 blocks of 32; the tied
 Q8_0 lm_head), times ``Int4PackedCpuLinear`` / ``Int8PackedCpuLinear`` (torch's
@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.bench import cpu_model
-from engine.bench.kernels import git_commit
+from bench.engine import cpu_model
+from bench.engine.kernels import git_commit
 from engine.cpu import kernels as cpu_kernels
 from engine.layers.packed_linear import Int4PackedCpuLinear, Int8PackedCpuLinear, Q4CpuLinear, Q8CpuLinear
 from engine.layers.quant.linear import Int4Linear

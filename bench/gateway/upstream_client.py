@@ -1,12 +1,12 @@
 """httpx versus aiohttp for the gateway -> engine hop.
 
-Starts the stand-in engine (`gateway.bench.standin`) in a subprocess (so the client and the
+Starts the stand-in engine (`bench.gateway.standin`) in a subprocess (so the client and the
 server do not share a GIL), then drives it with each client at a fixed
 concurrency through one pooled client, and prints JSON with requests per
 second. Two shapes: a unary JSON call and an NDJSON stream like
 ``/rpc/v1/generate``.
 
-    python -m gateway.bench.upstream_client --concurrency 64 --requests 3000
+    python -m bench.gateway.upstream_client --concurrency 64 --requests 3000
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from gateway.bench.standin import start_standin
+from bench.gateway.standin import start_standin
 from protocol.rpc import ABORT_PATH, GENERATE_PATH
 from tern_stack.services import free_port
 
