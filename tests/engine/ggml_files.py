@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 
 from engine.cpu.ggml_kernels import random_blocks
-from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML
+from tests.engine.test_loader_gguf import BYTE_TOKENS, add_byte_tokenizer, add_llama_hyperparameters
 
 __all__ = ["MIXED_TYPES", "Q", "random_blocks", "write_mixed_gguf"]
 
@@ -33,24 +33,17 @@ def write_mixed_gguf(path: Path, types: dict[str, Q], embedding: Q, output: Q | 
     generator = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name("mixed")
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(512)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
-    writer.add_vocab_size(len(BYTE_TOKENS))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
-    writer.add_token_list(BYTE_TOKENS)
-    writer.add_token_types([1] * 256 + [3] * 3)
-    writer.add_token_merges([])
-    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
-    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
-    writer.add_chat_template(CHATML)
+    add_llama_hyperparameters(
+        writer,
+        layers=LAYERS,
+        context=512,
+        hidden=HIDDEN,
+        ffn=FFN,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        vocab=len(BYTE_TOKENS),
+    )
+    add_byte_tokenizer(writer)
     shapes = {
         "attn_q": (HIDDEN, HIDDEN),
         "attn_k": (HIDDEN // HEADS * KV_HEADS, HIDDEN),

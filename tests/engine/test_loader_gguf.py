@@ -76,6 +76,44 @@ CHATML = (
 )
 
 
+def add_llama_hyperparameters(
+    writer: gguf.GGUFWriter,
+    *,
+    layers: int,
+    context: int,
+    hidden: int,
+    ffn: int,
+    heads: int,
+    kv_heads: int,
+    vocab: int,
+    rope_theta: float = 10000.0,
+    eps: float = 1e-5,
+) -> None:
+    """The shape keys every test GGUF of a Llama-family model carries."""
+    writer.add_block_count(layers)
+    writer.add_context_length(context)
+    writer.add_embedding_length(hidden)
+    writer.add_feed_forward_length(ffn)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_freq_base(rope_theta)
+    writer.add_layer_norm_rms_eps(eps)
+    writer.add_rope_dimension_count(hidden // heads)
+    writer.add_vocab_size(vocab)
+
+
+def add_byte_tokenizer(writer: gguf.GGUFWriter) -> None:
+    """The byte-level vocabulary and ChatML template, as a GGUF's tokenizer keys."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(BYTE_TOKENS)
+    writer.add_token_types([1] * 256 + [3] * 3)
+    writer.add_token_merges([])
+    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
+    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
+    writer.add_chat_template(CHATML)
+
+
 def write_gguf(model: Any, architecture: str, path: Path) -> dict[str, np.ndarray]:
     """Convert an HF model to GGUF like llama.cpp's converter; returns the original weights.
 
@@ -85,24 +123,19 @@ def write_gguf(model: Any, architecture: str, path: Path) -> dict[str, np.ndarra
     state = {k: v.numpy() for k, v in model.state_dict().items()}
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_name(f"tiny {architecture}")
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
-    writer.add_token_list(BYTE_TOKENS)
-    writer.add_token_types([1] * 256 + [3] * 3)
-    writer.add_token_merges([])
-    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
-    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
-    writer.add_chat_template(CHATML)
+    add_llama_hyperparameters(
+        writer,
+        layers=config.num_hidden_layers,
+        context=config.max_position_embeddings,
+        hidden=config.hidden_size,
+        ffn=config.intermediate_size,
+        heads=config.num_attention_heads,
+        kv_heads=config.num_key_value_heads,
+        vocab=config.vocab_size,
+        rope_theta=config.rope_parameters["rope_theta"],
+        eps=config.rms_norm_eps,
+    )
+    add_byte_tokenizer(writer)
     for name, weights in state.items():
         role = gguf_name(name).split(".")[-2]
         if architecture == "llama" and role == "attn_q":

@@ -24,7 +24,12 @@ from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from tests.engine.test_bitnet_parity import eager_transformers, hf_bitnet_model  # noqa: F401
 from tests.engine.test_cpu_kernels import assert_decoder_kernel_is_the_torch_path
 from tests.engine.test_engine import request, run, tokens_of
-from tests.engine.test_loader_gguf import BYTE_TOKENS, CHATML, llama_cpp_permute
+from tests.engine.test_loader_gguf import (
+    BYTE_TOKENS,
+    add_byte_tokenizer,
+    add_llama_hyperparameters,
+    llama_cpp_permute,
+)
 from tests.engine.test_quant_checkpoint import save_dir
 
 pytestmark = [
@@ -77,27 +82,20 @@ def ternary_tensors(architecture: str, shared_scales: bool, seed: int = 0) -> di
 def write_ternary_gguf(path: Path, architecture: str, qtype: Q, shared_scales: bool) -> Path:
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_name(f"tiny ternary {architecture}")
-    writer.add_block_count(LAYERS)
-    writer.add_context_length(256)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
-    writer.add_rope_freq_base(10000.0)
-    writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
-    writer.add_vocab_size(len(BYTE_TOKENS))
+    add_llama_hyperparameters(
+        writer,
+        layers=LAYERS,
+        context=256,
+        hidden=HIDDEN,
+        ffn=FFN,
+        heads=HEADS,
+        kv_heads=KV_HEADS,
+        vocab=len(BYTE_TOKENS),
+    )
     if architecture == "bitnet":  # what convert_hf_to_gguf.py's BitnetModel adds
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(1.0)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
-    writer.add_token_list(BYTE_TOKENS)
-    writer.add_token_types([1] * 256 + [3] * 3)
-    writer.add_token_merges([])
-    writer.add_bos_token_id(BYTE_TOKENS.index("<|im_start|>"))
-    writer.add_eos_token_id(BYTE_TOKENS.index("<|im_end|>"))
-    writer.add_chat_template(CHATML)
+    add_byte_tokenizer(writer)
     for name, weight in ternary_tensors(architecture, shared_scales).items():
         role = name.split(".")[-2]
         if role in LINEARS:
