@@ -1,15 +1,21 @@
 /* Q6_K with AVX-512 VNNI, tile by tile, as kquant_tiled_kernels.c does Q4_K (see there for the scheme).
  *
- * The weight is rearranged at load, in place (ggml_kernels.tile_q6_k: the same 210 bytes a row and
+ * The weight is rearranged at load, in place (ggml_kernels.tile: the same 210 bytes a row and
  * super-block), for tiles of 16 rows; per tile and super-block, 3360 bytes:
  *   [0, 32)        d of the 16 columns (float16);
  *   [32, 288)      the 16 int8 scales (one per 16 elements), scale h of column c at 32 + 16 h + c;
- *   [288, 2336)    low 4 bits: sub-block j, chunk k (32 bytes at 288 + 256 j + 32 k): byte 2c + e holds
- *                  column c's element 4k + e of the sub-block in its low nibble, 4k + 2 + e in its high;
- *   [2336, 3360)   high 2 bits: sub-block j, chunks 2i and 2i + 1 (32 bytes at 2336 + 128 j + 32 i): byte
- *                  2c + e holds, from bit 0 up, those of elements 4k + e and 4k + 2 + e for k = 2i, 2i + 1.
- * Codes minus 32 meet broadcast pairs of a row's int16 codes in vpdpwssd (exact: at most 16 * 32 * 32767
- * a half sub-block), then one conversion and FMA per 16 elements by d * scale, 16 columns a vector.
+ *   [288, 2336)    low 4 bits: group g of 8 elements (64 bytes at 288 + 64 g): byte 4c + e holds column
+ *                  c's element 8g + e in its low nibble, 8g + 4 + e in its high one;
+ *   [2336, 3360)   high 2 bits: the 16 elements of scale h (64 bytes at 2336 + 64 h): byte 4c + e holds,
+ *                  from bit 0 up, those of elements 16h + e, 16h + 4 + e, 16h + 8 + e, 16h + 12 + e.
+ * So a 64-byte vector of a scale's codes is 16 columns x 4 consecutive elements, as vpdpbusd takes them:
+ * the 6-bit codes q are merged in bytes (four ands, shifts and ors a 256 codes) and never widened.
+ * vpdpbusd multiplies unsigned by signed bytes, so a row's int16 codes x are split, x = 256 xh + xl
+ * (xh = x >> 8 signed, xl = x & 255 unsigned), and q (0..63) is the unsigned operand against xh and the
+ * signed one against xl: sum q x = 256 sum q xh + sum xl q, exactly; the -32 of q - 32 comes off as
+ * 32 * the 16 codes' sum. That is the same integer per 16 elements and column as sum (q - 32) x (at most
+ * 16 * 32 * 32767 in size; the parts at most 16 * 63 * 255), then one conversion and FMA by d * scale,
+ * 16 columns a vector: every element the same operations in the same order in any batch or thread count.
  * Also here: rows of such a weight dequantized (a tied embedding's lookups).
  */
 #include <stdint.h>
@@ -25,50 +31,85 @@
 #define HIGH_OFFSET 2336
 
 #ifdef TERN_Q4_TILED
-static inline int32_t code_pair(const int16_t *codes) {
-    int32_t pair;
-    memcpy(&pair, codes, sizeof pair);
-    return pair;
+/* A row's int16 codes split for vpdpbusd (see above): xh, xl [M, K] and 32 * the sum of each 16 codes. */
+typedef struct {
+    int8_t *high;
+    uint8_t *low;
+    int32_t *sums32;
+} SplitRows;
+
+static int split_rows(const TernRows *q, int64_t M, int64_t K, SplitRows *s) {
+    s->high = (int8_t *)malloc((size_t)(M * K));
+    s->low = (uint8_t *)malloc((size_t)(M * K));
+    s->sums32 = (int32_t *)malloc((size_t)(M * K / 16) * sizeof(int32_t));
+    if (!s->high || !s->low || !s->sums32) return -1;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t g = 0; g < K / 16; g++) {
+            int32_t sum = 0;
+            for (int e = 0; e < 16; e++) {
+                const int16_t v = q->qs[r * K + 16 * g + e];
+                s->high[r * K + 16 * g + e] = (int8_t)(v >> 8);
+                s->low[r * K + 16 * g + e] = (uint8_t)(v & 0xFF);
+                sum += v;
+            }
+            s->sums32[r * (K / 16) + g] = 32 * sum;
+        }
+    return 0;
+}
+
+static void free_split(SplitRows *s) {
+    free(s->high);
+    free(s->low);
+    free(s->sums32);
+}
+
+static inline __m512i quad(const void *bytes) {
+    int32_t four;
+    memcpy(&four, bytes, sizeof four);
+    return _mm512_set1_epi32(four);
 }
 
 static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t, const TernRows *x,
-                                                       int64_t r0, int64_t N, int64_t K, float *out, const int RR) {
+                                                       const SplitRows *sx, int64_t r0, int64_t N, int64_t K,
+                                                       float *out, const int RR) {
     __m512 acc[8];
     for (int i = 0; i < RR; i++) acc[i] = _mm512_setzero_ps();
-    const __m512i low4 = _mm512_set1_epi16(0x0F), offset = _mm512_set1_epi16(32);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), top2 = _mm512_set1_epi8(0x30);
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
-        for (int line = 0; line < TILE_BYTES; line += 64)
-            _mm_prefetch((const char *)block + 2 * TILE_BYTES + line, _MM_HINT_T0);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
-        for (int j = 0; j < 8; j++) {
-            for (int half = 0; half < 2; half++) { /* elements 16 half .. 16 half + 15: scale 2j + half */
-                const __m128i sc = _mm_loadu_si128((const __m128i *)(block + 32 + 16 * (2 * j + half)));
-                const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
-                __m512i dots[8];
-                for (int i = 0; i < RR; i++) dots[i] = _mm512_setzero_si512();
-#pragma GCC unroll 4
-                for (int k = 4 * half; k < 4 * half + 4; k++) {
-                    const __m512i both = _mm512_cvtepu8_epi16(
-                        _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 256 * j + 32 * k)));
-                    __m512i top = _mm512_cvtepu8_epi16(
-                        _mm256_loadu_si256((const __m256i *)(block + HIGH_OFFSET + 128 * j + 32 * (k >> 1))));
-                    if (k & 1) top = _mm512_srli_epi16(top, 4);
-                    const __m512i low = _mm512_sub_epi16(
-                        _mm512_or_si512(_mm512_and_si512(both, low4),
-                                        _mm512_slli_epi16(_mm512_and_si512(top, _mm512_set1_epi16(0x03)), 4)),
-                        offset);
-                    const __m512i high = _mm512_sub_epi16(
-                        _mm512_or_si512(_mm512_srli_epi16(both, 4),
-                                        _mm512_slli_epi16(_mm512_and_si512(top, _mm512_set1_epi16(0x0C)), 2)),
-                        offset);
-                    for (int i = 0; i < RR; i++) {
-                        const int16_t *xs = x->qs + (r0 + i) * K + s * QK_K + 32 * j + 4 * k;
-                        dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xs)));
-                        dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xs + 2)));
-                    }
-                }
-                for (int i = 0; i < RR; i++) acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), scale, acc[i]);
+#pragma GCC unroll 2
+        for (int h = 0; h < 16; h++) { /* elements 16h .. 16h + 15: scale h */
+            /* two super-blocks ahead, a sixteenth of one at a time: prefetches issued all at once at a
+             * super-block's start stall the loads behind them (20 GB/s a core against 14, 1 row) */
+            for (int line = 0; line < 256; line += 64)
+                _mm_prefetch((const char *)block + 2 * TILE_BYTES + 210 * h + line, _MM_HINT_T0);
+            const __m128i sc = _mm_loadu_si128((const __m128i *)(block + 32 + 16 * h));
+            const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(sc)));
+            const __m512i l0 = _mm512_loadu_si512((const void *)(block + LOW_OFFSET + 128 * h));
+            const __m512i l1 = _mm512_loadu_si512((const void *)(block + LOW_OFFSET + 128 * h + 64));
+            const __m512i hi = _mm512_loadu_si512((const void *)(block + HIGH_OFFSET + 64 * h));
+            const __m512i q0 = _mm512_or_si512(_mm512_and_si512(l0, low4), _mm512_and_si512(_mm512_slli_epi16(hi, 4), top2));
+            const __m512i q1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), low4),
+                                               _mm512_and_si512(_mm512_slli_epi16(hi, 2), top2));
+            const __m512i q2 = _mm512_or_si512(_mm512_and_si512(l1, low4), _mm512_and_si512(hi, top2));
+            const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
+                                               _mm512_and_si512(_mm512_srli_epi16(hi, 2), top2));
+            for (int i = 0; i < RR; i++) {
+                const int64_t at = (r0 + i) * K + s * QK_K + 16 * h;
+                const int8_t *xh = sx->high + at;
+                const uint8_t *xl = sx->low + at;
+                __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, quad(xh));
+                __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), quad(xl), q0);
+                dh = _mm512_dpbusd_epi32(dh, q1, quad(xh + 4));
+                dl = _mm512_dpbusd_epi32(dl, quad(xl + 4), q1);
+                dh = _mm512_dpbusd_epi32(dh, q2, quad(xh + 8));
+                dl = _mm512_dpbusd_epi32(dl, quad(xl + 8), q2);
+                dh = _mm512_dpbusd_epi32(dh, q3, quad(xh + 12));
+                dl = _mm512_dpbusd_epi32(dl, quad(xl + 12), q3);
+                const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(dh, 8), dl),
+                                                     _mm512_set1_epi32(sx->sums32[at / 16]));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
             }
         }
     }
@@ -81,26 +122,29 @@ int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *
     if (K % QK_K || N % TILE_N) return -2;
     const int64_t nsb = K / QK_K, tiles = N / TILE_N;
     TernRows q;
-    if (tern_kquant_rows(x, M, K, &q)) {
+    SplitRows sx = {NULL, NULL, NULL};
+    if (tern_kquant_rows(x, M, K, &q) || split_rows(&q, M, K, &sx)) {
         tern_free_kquant_rows(&q);
+        free_split(&sx);
         return -1;
     }
 #pragma omp parallel for schedule(guided)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t r0 = 0;
-        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, r0, N, K, out, 8);
+        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, &sx, r0, N, K, out, 8);
         switch (M - r0) {
-        case 7: tile(w, nsb, t, &q, r0, N, K, out, 7); break;
-        case 6: tile(w, nsb, t, &q, r0, N, K, out, 6); break;
-        case 5: tile(w, nsb, t, &q, r0, N, K, out, 5); break;
-        case 4: tile(w, nsb, t, &q, r0, N, K, out, 4); break;
-        case 3: tile(w, nsb, t, &q, r0, N, K, out, 3); break;
-        case 2: tile(w, nsb, t, &q, r0, N, K, out, 2); break;
-        case 1: tile(w, nsb, t, &q, r0, N, K, out, 1); break;
+        case 7: tile(w, nsb, t, &q, &sx, r0, N, K, out, 7); break;
+        case 6: tile(w, nsb, t, &q, &sx, r0, N, K, out, 6); break;
+        case 5: tile(w, nsb, t, &q, &sx, r0, N, K, out, 5); break;
+        case 4: tile(w, nsb, t, &q, &sx, r0, N, K, out, 4); break;
+        case 3: tile(w, nsb, t, &q, &sx, r0, N, K, out, 3); break;
+        case 2: tile(w, nsb, t, &q, &sx, r0, N, K, out, 2); break;
+        case 1: tile(w, nsb, t, &q, &sx, r0, N, K, out, 1); break;
         default: break;
         }
     }
     tern_free_kquant_rows(&q);
+    free_split(&sx);
     return 0;
 }
 #else
@@ -132,18 +176,17 @@ int tern_tile_q6_k(uint8_t *w, int64_t N, int64_t nsb) {
         memcpy(rows, w + t * tile_bytes, (size_t)tile_bytes);
         for (int64_t s = 0; s < nsb; s++) {
             uint8_t *out = w + t * tile_bytes + s * TILE_BYTES;
-            memset(out + HIGH_OFFSET, 0, TILE_BYTES - HIGH_OFFSET);
+            memset(out + LOW_OFFSET, 0, TILE_BYTES - LOW_OFFSET);
             for (int c = 0; c < 16; c++) {
                 const uint8_t *sb = rows + c * row + s * 210;
                 memcpy(out + 2 * c, sb + 208, 2);
                 for (int h = 0; h < 16; h++) out[32 + 16 * h + c] = sb[192 + h];
-                for (int j = 0; j < 8; j++)
-                    for (int k = 0; k < 8; k++)
-                        for (int e = 0; e < 2; e++) {
-                            const int a = gguf_code(sb, 32 * j + 4 * k + e), b = gguf_code(sb, 32 * j + 4 * k + 2 + e);
-                            out[LOW_OFFSET + 256 * j + 32 * k + 2 * c + e] = (uint8_t)((a & 0x0F) | (b & 0x0F) << 4);
-                            out[HIGH_OFFSET + 128 * j + 32 * (k >> 1) + 2 * c + e] |=
-                                (uint8_t)(((a >> 4) | (b >> 4) << 2) << (4 * (k & 1)));
+                for (int h = 0; h < 16; h++)
+                    for (int part = 0; part < 4; part++) /* elements 16h + 4 part + e */
+                        for (int e = 0; e < 4; e++) {
+                            const int code = gguf_code(sb, 16 * h + 4 * part + e);
+                            out[LOW_OFFSET + 128 * h + 64 * (part >> 1) + 4 * c + e] |= (uint8_t)((code & 0x0F) << (4 * (part & 1)));
+                            out[HIGH_OFFSET + 64 * h + 4 * c + e] |= (uint8_t)((code >> 4) << (2 * part));
                         }
             }
         }
@@ -162,9 +205,9 @@ void tern_dequantize_q6_k_tiled(const uint8_t *w, int64_t nsb, const int64_t *id
             memcpy(&dh, block + 2 * c, 2);
             const float d = half_to_float(dh);
             for (int e = 0; e < QK_K; e++) {
-                const int j = e / 32, l = e % 32, k = l / 4, in_chunk = l % 4, nib = in_chunk >> 1, pos = in_chunk & 1;
-                const int low = (block[LOW_OFFSET + 256 * j + 32 * k + 2 * c + pos] >> (4 * nib)) & 0x0F;
-                const int top = (block[HIGH_OFFSET + 128 * j + 32 * (k >> 1) + 2 * c + pos] >> (4 * (k & 1) + 2 * nib)) & 3;
+                const int h = e / 16, part = (e % 16) / 4, at = 4 * (int)c + e % 4;
+                const int low = (block[LOW_OFFSET + 128 * h + 64 * (part >> 1) + at] >> (4 * (part & 1))) & 0x0F;
+                const int top = (block[HIGH_OFFSET + 64 * h + at] >> (2 * part)) & 3;
                 const int8_t scale = (int8_t)block[32 + 16 * (e / 16) + c];
                 out[r * nsb * QK_K + s * QK_K + e] = d * (float)scale * (float)((low | top << 4) - 32);
             }
