@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from typing import NamedTuple
 
 from gateway.auth.identity import AuthenticatedKey
 from gateway.budgets.rules import PRICE_SCALE, nano_cost
@@ -19,7 +20,7 @@ from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission
 from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.proxy.outcome import Admitted, RelayOutcome
-from gateway.reports.pricing import Price, PriceBook
+from gateway.reports.pricing import PriceBook
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
 BYTES_PER_TOKEN = 4
@@ -46,13 +47,24 @@ def estimate_prompt_tokens(request: OpenAIRequest) -> int:
     )
 
 
+class ScaledPrice(NamedTuple):
+    """A model's prices per million tokens times ``PRICE_SCALE``: integers, so costs are exact."""
+
+    prompt: int
+    cached_prompt: int
+    completion: int
+    dearer_prompt: int
+    """The dearer of the prompt and cached prices: what a worst case prices every prompt token at."""
+
+
 class RequestLimiter:
     def __init__(self, *, limiter: RateLimiter, policies: LimitPolicies, prices: PriceBook) -> None:
         self.limiter = limiter
         self.policies = policies
         self.prices = prices
         self._inflight: dict[tuple[str, str], list[Admission]] = defaultdict(list)
-        self._scaled_prices: dict[int, tuple[Price, tuple[int, int, int]]] = {}
+        self._scaled_prices: dict[tuple[str, date], ScaledPrice | None] = {}
+        self._price_version = -1
 
     async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admitted:
         """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work; the
@@ -68,39 +80,58 @@ class RequestLimiter:
             default_max_tokens=cap,
         )
         reserve_nano = 0
+        now = self.limiter.clock()
         if limits.has_spend_budget:
-            reserve_nano = await self._worst_cost(request.model, prompt_tokens, reserve - prompt_tokens)
-        admission = await self.limiter.admit(limits=limits, reserve=reserve, reserve_nano=reserve_nano)
+            reserve_nano = await self._worst_cost(
+                request.model, now.date(), prompt_tokens, reserve - prompt_tokens
+            )
+        admission = await self.limiter.admit(
+            limits=limits, reserve=reserve, reserve_nano=reserve_nano, now=now
+        )
         self._inflight[(request_id, str(key.key_id))].append(admission)
         return Admitted(headers=admission.headers(), max_tokens=cap)
 
-    async def _prices(self) -> PriceBook:
+    async def _price(self, model: str, day: date) -> ScaledPrice | None:
+        """The model's prices on that day as integers (``PRICE_SCALE``), worked out once per model,
+        day and load of the prices, not per request."""
+        book = self.prices
+        if book.due():
+            try:
+                await book.refresh()
+            except Exception:  # Postgres down: the last prices loaded still apply
+                pass
+        if self._price_version != book.version:
+            self._price_version = book.version
+            self._scaled_prices.clear()
         try:
-            await self.prices.refresh()
-        except Exception:  # Postgres down: the last prices loaded still apply
+            return self._scaled_prices[(model, day)]
+        except KeyError:
             pass
-        return self.prices
+        price = book.price(model, day)
+        scaled = None
+        if price is not None:
+            prompt, cached, completion = (
+                int(p * PRICE_SCALE) for p in (price.prompt, price.cached_prompt, price.completion)
+            )
+            scaled = ScaledPrice(prompt, cached, completion, max(prompt, cached))
+        if len(self._scaled_prices) > 1000:  # many (possibly bogus) model names
+            self._scaled_prices.clear()
+        self._scaled_prices[(model, day)] = scaled
+        return scaled
 
-    def _scaled(self, price: Price) -> tuple[int, int, int]:
-        """A price's three prices per million tokens as integers (``PRICE_SCALE``), once per price."""
-        cached = self._scaled_prices.get(id(price))
-        if cached is None or cached[0] is not price:
-            if len(self._scaled_prices) > 1000:
-                self._scaled_prices.clear()
-            scale = [int(p * PRICE_SCALE) for p in (price.prompt, price.cached_prompt, price.completion)]
-            cached = self._scaled_prices[id(price)] = (price, (scale[0], scale[1], scale[2]))
-        return cached[1]
-
-    async def _worst_cost(self, model: str, prompt_tokens: int, completion_tokens: int) -> int:
+    async def _worst_cost(self, model: str, day: date, prompt_tokens: int, completion_tokens: int) -> int:
         """The most the request can cost (nano-units): every prompt token at the dearer of the prompt
         and cached prices, every completion token it may produce at the completion price."""
-        price = (await self._prices()).price(model, self.limiter.clock().date())
+        price = await self._price(model, day)
         if price is None:
             return 0
-        prompt, cached, completion = self._scaled(price)
-        dearer = max(prompt, cached)
         return nano_cost(
-            dearer, dearer, completion, prompt=prompt_tokens, cached=0, completion=completion_tokens
+            price.dearer_prompt,
+            price.dearer_prompt,
+            price.completion,
+            prompt=prompt_tokens,
+            cached=0,
+            completion=completion_tokens,
         )
 
     def _take(self, request_id: str, key_id: str | None) -> Admission | None:
@@ -127,10 +158,12 @@ class RequestLimiter:
         spend_nano = 0
         if admission.limits.has_spend_budget:
             day = datetime.fromtimestamp(outcome.started_at, UTC).date()
-            price = (await self._prices()).price(outcome.model, day)
+            price = await self._price(outcome.model, day)
             if price is not None:
                 spend_nano = nano_cost(
-                    *self._scaled(price),
+                    price.prompt,
+                    price.cached_prompt,
+                    price.completion,
                     prompt=outcome.prompt_tokens,
                     cached=outcome.cached_tokens,
                     completion=outcome.completion_tokens,

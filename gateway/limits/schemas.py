@@ -14,6 +14,7 @@ from gateway.bounds import Numeric20_6 as Spend
 from gateway.budgets.periods import Period
 from gateway.budgets.rules import BudgetRule, counter_key, nano_str, reservation_keys
 from gateway.limits.config import FailurePolicy
+from gateway.limits.script_batch import Packed
 
 ScopeKind = Literal["key", "tenant", "key_model", "tenant_model"]
 
@@ -82,6 +83,16 @@ class Scope:
 
 
 @dataclass(frozen=True, slots=True)
+class BudgetSlot:
+    """One budget of one scope of a request, in the scripts' order."""
+
+    scope: Scope
+    rule: BudgetRule
+    label: str
+    """``<scope>:<metric>:<period>``: the used-ratio gauge's label, the fail-open fallback's key."""
+
+
+@dataclass(frozen=True, slots=True)
 class RequestLimits:
     """Everything admission needs to know about one request's key.
 
@@ -94,46 +105,64 @@ class RequestLimits:
     failure_policy: FailurePolicy
     max_tokens: int | None = None
     """The key's, else its tenant's ``max_tokens`` setting; None: the gateway's default."""
-    _keys_by_day: dict[date, list[bytes]] = field(default_factory=dict, compare=False, repr=False)
-    _limit_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
-    _settle_args: list[bytes] = field(default_factory=list, compare=False, repr=False)
-    _budget_labels: list[str] = field(default_factory=list, compare=False, repr=False)
+    # Worked out once from the scopes (``__post_init__``), read by every request:
+    budgets: tuple[BudgetSlot, ...] = field(init=False, compare=False, repr=False)
+    has_spend_budget: bool = field(init=False, compare=False, repr=False)
+    window_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    """Where each scope's six window fields start in admit.lua's "ok" reply."""
+    key_token_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    """Where the key's token budgets' "left" are in that reply (for the budget headers)."""
+    key_spend_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    _keys_by_day: dict[date, Packed] = field(default_factory=dict, compare=False, repr=False)
+    _packed: dict[str, Packed] = field(default_factory=dict, compare=False, repr=False)
 
-    @property
-    def has_spend_budget(self) -> bool:
-        return any(s.has_spend_budget for s in self.scopes)
+    def __post_init__(self) -> None:
+        budgets: list[BudgetSlot] = []
+        windows: list[int] = []
+        key_tokens: list[int] = []
+        key_spend: list[int] = []
+        at = 2  # "ok now_ms"
+        for scope in self.scopes:
+            windows.append(at)
+            at += 6
+            for rule in scope.budgets:
+                budgets.append(BudgetSlot(scope, rule, f"{scope.name}:{rule.name}"))
+                if scope.kind == "key":
+                    (key_tokens if rule.metric == "tokens" else key_spend).append(at)
+                at += 1
+        set_field = object.__setattr__  # frozen: set once, here
+        set_field(self, "budgets", tuple(budgets))
+        set_field(self, "has_spend_budget", any(s.has_spend_budget for s in self.scopes))
+        set_field(self, "window_fields", tuple(windows))
+        set_field(self, "key_token_fields", tuple(key_tokens))
+        set_field(self, "key_spend_fields", tuple(key_spend))
 
-    def redis_keys(self, day: date) -> list[bytes]:
+    def redis_keys(self, day: date) -> Packed:
         """Every scope's keys, in the scripts' order."""
         keys = self._keys_by_day.get(day)
         if keys is None:
             if len(self._keys_by_day) > 2:  # only today and tomorrow matter
                 self._keys_by_day.clear()
-            keys = [k.encode() for s in self.scopes for k in s.redis_keys(day)]
-            self._keys_by_day[day] = keys
+            keys = self._keys_by_day[day] = Packed.of(k for s in self.scopes for k in s.redis_keys(day))
         return keys
 
-    def budget_labels(self) -> list[str]:
-        """``<scope>:<metric>:<period>`` of every budget, in the scripts' order (worked out once)."""
-        if len(self._budget_labels) != sum(len(s.budgets) for s in self.scopes):
-            self._budget_labels[:] = [f"{s.name}:{b.name}" for s in self.scopes for b in s.budgets]
-        return self._budget_labels
-
-    def settle_args(self) -> list[bytes]:
+    def settle_args(self) -> Packed:
         """The number of scopes, then every scope's periods and budgets, in settle.lua's order."""
-        if not self._settle_args:
+        packed = self._packed.get("settle")
+        if packed is None:
             args = [len(self.scopes)]
             for s in self.scopes:
                 args += s.script_args()[3:]  # n_periods, n_budgets, then the budgets
-            self._settle_args.extend(str(a).encode() for a in args)
-        return self._settle_args
+            packed = self._packed["settle"] = Packed.of(args)
+        return packed
 
-    def limit_args(self) -> list[bytes]:
+    def limit_args(self) -> Packed:
         """The number of scopes, then every scope's limits, in the scripts' order."""
-        if not self._limit_args:
-            self._limit_args.append(str(len(self.scopes)).encode())
-            self._limit_args.extend(str(a).encode() for s in self.scopes for a in s.script_args())
-        return self._limit_args
+        packed = self._packed.get("admit")
+        if packed is None:
+            args = [len(self.scopes), *(a for s in self.scopes for a in s.script_args())]
+            packed = self._packed["admit"] = Packed.of(args)
+        return packed
 
 
 @dataclass(slots=True)

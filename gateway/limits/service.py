@@ -30,7 +30,7 @@ from gateway.limits.denials import Denial, raise_denial
 from gateway.limits.liveness import ALIVE_PREFIX, new_instance_id
 from gateway.limits.local import LocalLimiter
 from gateway.limits.schemas import Admission, RequestLimits, Scope, WindowState, retry_after_seconds
-from gateway.limits.script_batch import ScriptBatcher
+from gateway.limits.script_batch import Arg, Packed, ScriptBatcher
 from gateway.metrics import limit_refusals_by
 
 log = logging.getLogger(__name__)
@@ -109,13 +109,16 @@ class RateLimiter:
 
     # ------------------------------------------------------------ admission
 
-    async def admit(self, *, limits: RequestLimits, reserve: int, reserve_nano: int = 0) -> Admission:
+    async def admit(
+        self, *, limits: RequestLimits, reserve: int, reserve_nano: int = 0, now: datetime | None = None
+    ) -> Admission:
         """Admit the request or raise an OpenAI-shaped 429/402/503, before any engine work.
 
         ``reserve`` tokens count against the tpm windows and every token budget, ``reserve_nano``
-        (the worst-case cost) against every spend budget, until the request settles.
+        (the worst-case cost) against every spend budget, until the request settles; ``now`` (default:
+        the clock) names the budget periods.
         """
-        now = self.clock()
+        now = now or self.clock()
         admission = Admission(
             admission_id=f"{self.instance_id}.{uuid.uuid4().hex}",
             limits=limits,
@@ -149,14 +152,14 @@ class RateLimiter:
     async def _admit_redis(self, admission: Admission) -> None:
         scopes = admission.limits.scopes
         keys = admission.limits.redis_keys(admission.day)
-        args: list[int | str | bytes] = [
+        args: list[Arg | Packed] = [
             admission.admission_id,
             admission.reserved_tokens,
             int(self.settings.window_s * 1000),
             int(self.settings.slot_ttl_s * 1000),
             admission.reserved_tokens,
             admission.reserved_nano,
-            *admission.limits.limit_args(),  # the number of scopes, then their limits
+            admission.limits.limit_args(),  # the number of scopes, then their limits
         ]
         reaped: set[int] = set()
         for _ in range(sum(len(s.periods) for s in scopes) + len(scopes) + 1):
@@ -196,24 +199,17 @@ class RateLimiter:
         return freed
 
     def _read_ok(self, fields: list[bytes], admission: Admission) -> None:
-        at = 2
-        for scope in admission.limits.scopes:
+        limits = admission.limits
+        for at in limits.window_fields:
             rpm, req_left, req_reset, tpm, tok_left, tok_reset = (int(v) for v in fields[at : at + 6])
-            at += 6
             if rpm >= 0 and (admission.requests is None or req_left < admission.requests.remaining):
                 admission.requests = WindowState(rpm, req_left, req_reset)
             if tpm >= 0 and (admission.tokens is None or tok_left < admission.tokens.remaining):
                 admission.tokens = WindowState(tpm, tok_left, tok_reset)
-            for budget in scope.budgets:
-                left = int(fields[at])
-                at += 1
-                if scope.kind != "key":
-                    continue
-                if budget.metric == "tokens":
-                    if admission.budget_tokens_left is None or left < admission.budget_tokens_left:
-                        admission.budget_tokens_left = left
-                elif admission.budget_nano_left is None or left < admission.budget_nano_left:
-                    admission.budget_nano_left = left
+        if limits.key_token_fields:
+            admission.budget_tokens_left = min(int(fields[at]) for at in limits.key_token_fields)
+        if limits.key_spend_fields:
+            admission.budget_nano_left = min(int(fields[at]) for at in limits.key_spend_fields)
 
     async def _seed_counter(self, scope: Scope, period: Period, day: date) -> None:
         """Start a period's counter from Postgres (Redis lost it, or the period just began)."""
@@ -229,21 +225,21 @@ class RateLimiter:
 
     async def _admit_local(self, admission: Admission) -> None:
         """Fail-open: rate limits from the local share, budgets against the last counts seen."""
-        for scope in admission.limits.scopes:
-            for budget in scope.budgets:
-                key = (f"{scope.name}:{budget.name}", admission.day)
-                if key not in self._budget_seen:
-                    try:
-                        start = period_start(budget.period, admission.day)
-                        tokens, spend = await self.load_usage(scope, start, period_end(budget.period, start))
-                        self._budget_seen[key] = tokens if budget.metric == "tokens" else to_nano(spend)
-                    except Exception as exc:  # Postgres may be down too; rate limits still hold
-                        log.warning("cannot load budget usage for %s: %s", scope.name, exc)
-                used = self._budget_seen.get(key, 0)
-                need = admission.reserved_tokens if budget.metric == "tokens" else admission.reserved_nano
-                if used + need > budget.limit:
-                    reason = "token_budget" if budget.metric == "tokens" else "spend_budget"
-                    raise_denial(Denial(scope, reason, 0, budget), admission, self.settings)
+        for slot in admission.limits.budgets:
+            scope, budget = slot.scope, slot.rule
+            key = (slot.label, admission.day)
+            if key not in self._budget_seen:
+                try:
+                    start = period_start(budget.period, admission.day)
+                    tokens, spend = await self.load_usage(scope, start, period_end(budget.period, start))
+                    self._budget_seen[key] = tokens if budget.metric == "tokens" else to_nano(spend)
+                except Exception as exc:  # Postgres may be down too; rate limits still hold
+                    log.warning("cannot load budget usage for %s: %s", scope.name, exc)
+            used = self._budget_seen.get(key, 0)
+            need = admission.reserved_tokens if budget.metric == "tokens" else admission.reserved_nano
+            if used + need > budget.limit:
+                reason = "token_budget" if budget.metric == "tokens" else "spend_budget"
+                raise_denial(Denial(scope, reason, 0, budget), admission, self.settings)
         denial = self.local.admit(
             admission_id=admission.admission_id,
             scopes=admission.limits.scopes,
@@ -269,8 +265,12 @@ class RateLimiter:
             return
         keys = admission.limits.redis_keys(admission.day)
         try:
-            args: list[int | str | bytes] = [admission.admission_id, tokens, spend_nano]
-            args += admission.limits.settle_args()
+            args: list[Arg | Packed] = [
+                admission.admission_id,
+                tokens,
+                spend_nano,
+                admission.limits.settle_args(),
+            ]
             reply = await self._scripts.call(self._settle, keys=keys, args=args)
         except REDIS_DOWN_ERRORS as exc:  # the reservations and the slot expire on their own
             self._mark_redis_down(exc)
@@ -279,34 +279,27 @@ class RateLimiter:
         self._after_settle(admission, reply.split())  # type: ignore[attr-defined]  # settle.lua's reply
 
     def _after_settle(self, admission: Admission, fields: list[bytes]) -> None:
-        at = 0
-        labels = admission.limits.budget_labels()
-        for scope in admission.limits.scopes:
-            for budget in scope.budgets:
-                used, alert = int(fields[at]), fields[at + 1] == b"1"
-                label = labels[at // 2]
-                at += 2
-                if used < 0:
-                    continue
-                key = (label.rpartition(":")[0], admission.day)  # scope name, metric: the counter's field
-                self._budget_seen[key] = used
-                if self.on_used is not None:
-                    self.on_used(label, used / budget.limit if budget.limit else 1.0)
-                if alert and self.on_alert is not None:
-                    task = asyncio.get_running_loop().create_task(
-                        self.on_alert(scope, budget, used, admission.day)
-                    )
-                    self._alerts.add(task)
-                    task.add_done_callback(self._alerts.discard)
+        day = admission.day
+        for j, budget in enumerate(admission.limits.budgets):
+            used = int(fields[2 * j])
+            if used < 0:  # no counter (Redis lost it): the next admission seeds it
+                continue
+            self._budget_seen[(budget.label, day)] = used
+            if self.on_used is not None:
+                self.on_used(budget.label, used / budget.rule.limit if budget.rule.limit else 1.0)
+            if fields[2 * j + 1] == b"1" and self.on_alert is not None:
+                task = asyncio.get_running_loop().create_task(
+                    self.on_alert(budget.scope, budget.rule, used, day)
+                )
+                self._alerts.add(task)
+                task.add_done_callback(self._alerts.discard)
 
     def _count_budget_locally(self, admission: Admission, tokens: int, spend_nano: int) -> None:
-        labels = admission.limits.budget_labels()
-        budgets = [b for s in admission.limits.scopes for b in s.budgets]
-        for label, budget in zip(labels, budgets, strict=True):
-            key = (label.rpartition(":")[0], admission.day)
+        for budget in admission.limits.budgets:
+            key = (budget.label, admission.day)
             seen = self._budget_seen.get(key)
             if seen is not None:
-                self._budget_seen[key] = seen + (tokens if budget.metric == "tokens" else spend_nano)
+                self._budget_seen[key] = seen + (tokens if budget.rule.metric == "tokens" else spend_nano)
 
     async def drain_alerts(self) -> None:
         """Wait for the alerts being sent (shutdown, tests)."""

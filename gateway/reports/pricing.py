@@ -79,9 +79,15 @@ class PriceBook:
         self.refresh_s = refresh_s
         self._by_model: dict[str, list[Price]] = {}
         self._loaded_at = float("-inf")
+        self.version = 0
+        """Counts the loads: what was worked out from the prices before a change is stale."""
+
+    def due(self) -> bool:
+        """Time to load the prices again (``refresh`` would query Postgres)."""
+        return time.monotonic() - self._loaded_at >= self.refresh_s
 
     async def refresh(self, *, force: bool = False) -> None:
-        if not force and time.monotonic() - self._loaded_at < self.refresh_s:
+        if not force and not self.due():
             return
         self._loaded_at = time.monotonic()  # also on failure: do not hammer a Postgres that is down
         async with self.engine.connect() as conn:
@@ -97,6 +103,7 @@ class PriceBook:
                 )
             )
         self._by_model = by_model
+        self.version += 1
 
     def price(self, model: str, day: date) -> Price | None:
         prices = self._by_model.get(model)

@@ -14,6 +14,7 @@ from decimal import Decimal
 import pytest
 from redis.asyncio import Redis
 
+from gateway.budgets.rules import BudgetRule
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
 from gateway.limits.schemas import RequestLimits, Scope, format_reset
@@ -238,3 +239,32 @@ async def test_redis_outage_fail_open_uses_a_local_share_then_recovers(own_redis
         # Back on the shared window: Redis (restarted empty) now counts from scratch, to 40.
         admitted, _ = await admit_many(limiter, limits, 60)
         assert admitted == 39
+
+
+async def test_redis_outage_fail_open_checks_budgets_against_the_last_counts_settled(
+    own_redis: RedisServer,
+) -> None:
+    """The local fallback refuses by the budget counters the Redis settlements last returned (two
+    budgets of one metric, different periods, each its own count), not by a fresh read that does
+    not know them."""
+    client = create_limits_redis(own_redis.url())
+
+    async def nothing_billed_yet(scope: Scope, start: date, end: date | None) -> tuple[int, Decimal]:
+        return 0, Decimal(0)
+
+    day = BudgetRule.of(metric="tokens", period="day", amount=100)
+    month = BudgetRule.of(metric="tokens", period="month", amount=1000)
+    limits = only(Scope(kind="key", id="k1", label="API key 'k1'", budgets=(day, month)), policy="open")
+    limiter = RateLimiter(
+        redis=client, settings=LimitsSettings(redis_retry_s=60), load_usage=nothing_billed_yet
+    )
+    try:
+        admission = await limiter.admit(limits=limits, reserve=10)
+        await limiter.settle(admission, tokens=95)  # the day's counter: 95 of 100
+        own_redis.stop()
+        with pytest.raises(OpenAIError) as refused:
+            await limiter.admit(limits=limits, reserve=10)
+        assert refused.value.status == 429 and "daily token budget" in refused.value.message
+        assert (await limiter.admit(limits=limits, reserve=5)).backend == "local"  # 100 fits the day
+    finally:
+        await client.aclose()

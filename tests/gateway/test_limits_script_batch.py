@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
-from gateway.limits.script_batch import ScriptBatcher
+from gateway.limits.script_batch import Packed, ScriptBatcher
 from gateway.wiring import create_limits_redis
 
 pytestmark = pytest.mark.anyio
@@ -118,3 +118,17 @@ async def test_a_call_does_not_wait_for_a_batch_in_flight(redis_client: Redis) -
     assert await batcher.call(quick, keys=[], args=[]) == 2
     assert await slow == 1
     assert most == 2
+
+
+async def test_packed_keys_and_arguments_reach_the_script_as_plain_ones(redis_client: Redis) -> None:
+    """Keys and arguments encoded once (``Packed``) arrive as if passed one by one, mixed with plain
+    ones in any place; also when the script must be loaded again (redis-py's own call)."""
+    echo = redis_client.register_script("return table.concat(KEYS, ',') .. '|' .. table.concat(ARGV, ',')")
+    batcher = ScriptBatcher(redis_client)
+    keys, args = ["a", b"b:\xc3\xa9"], [1, "x y", Packed.of([-2, b"", "\u00e9"]), 30]
+    expected = "a,b:\u00e9|1,x y,-2,,\u00e9,30".encode()
+    assert await echo(keys=keys, args=[1, "x y", -2, b"", "\u00e9", 30]) == expected
+    for _ in range(2):
+        assert await batcher.call(echo, keys=Packed.of(keys), args=args) == expected
+        assert await batcher.call(echo, keys=keys, args=args) == expected
+        await redis_client.script_flush()
