@@ -1,10 +1,14 @@
 """GGUF block types on the C kernels: each GGML type's kernel against the default model's q4_1 one.
 
-    python -m bench.engine.ggml_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
+    python -m bench.engine.ggml_linears [--threads 2] [--rows 1 16 512] [--layers 4] [--repeats 5]
 
 For Llama-3.2-1B's decoder linears (q/k/v and gate/up stacked, as served), random weights, times in one
 process, interleaved, best of ``--repeats`` windows (the machine is shared: the best window is the least
-disturbed one), µs per call: ``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and
+disturbed one), per call: ``{kernel}_us`` wall µs, ``{kernel}_cpu_us`` CPU µs of all the process's threads
+(what a shared machine does not inflate, but OpenMP's waiting threads count: compare kernels on it at
+``--threads 1``), ``{kernel}_gb_s`` weight bytes over the CPU time (GB a CPU-second: one thread's
+effective bandwidth at one row, where the weight, read again and again, may sit in the cache), for
+``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and
 ``GgmlLinear`` on ``q4_k``, ``q5_k``, ``q6_k``, ``q8_0`` blocks (the K-quants tile by tile where the CPU
 has AVX-512 VNNI, as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
 what other CPUs run).
@@ -17,7 +21,9 @@ serving does), ms per layer and GB/s of weight read, for a layer of each type an
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import time
 from collections.abc import Callable
 
 import torch
@@ -56,20 +62,39 @@ def linear(kernel: str, k: int, n: int, seed: int) -> tuple[nn.Module, int]:
     return GgmlLinear(blocks, ggml_type, k, tile=not kernel.endswith("_rows")), blocks.numel()
 
 
+def best_times(fn: Callable[[], object], calls: int, repeats: int) -> tuple[float, float]:
+    """(wall, CPU) seconds per call, each the best window of ``repeats``."""
+    fn()
+    wall = cpu = float("inf")
+    for _ in range(repeats):
+        start, start_cpu = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            fn()
+        wall = min(wall, (time.perf_counter() - start) / calls)
+        cpu = min(cpu, (time.process_time() - start_cpu) / calls)
+    return wall, cpu
+
+
 def per_shape(rows_list: list[int], repeats: int) -> list[dict[str, object]]:
     results: list[dict[str, object]] = []
     for name, (k, n) in SHAPES.items():
-        modules = {kernel: linear(kernel, k, n, seed=k + n)[0] for kernel in KERNELS}
+        modules = {kernel: linear(kernel, k, n, seed=k + n) for kernel in KERNELS}
         for rows in rows_list:
             x = torch.randn(rows, k)
             calls = max(2, int(5e7 // (n * k * rows) + 1))
-            times = {
-                kernel: best_time(lambda m=m, x=x: m(x), calls, repeats) for kernel, m in modules.items()
-            }
-            results.append(
-                {"shape": name, "k": k, "n": n, "rows": rows}
-                | {f"{kernel}_us": round(s * 1e6, 1) for kernel, s in times.items()}
-            )
+            times: dict[str, list[tuple[float, float]]] = {kernel: [] for kernel in modules}
+            for _ in range(repeats):  # kernel by kernel, window by window: interleaved
+                for kernel, (module, _) in modules.items():
+                    times[kernel].append(best_times(functools.partial(module, x), calls, 1))
+            row: dict[str, object] = {"shape": name, "k": k, "n": n, "rows": rows}
+            for kernel, (_, size) in modules.items():
+                wall, cpu = min(t[0] for t in times[kernel]), min(t[1] for t in times[kernel])
+                row |= {
+                    f"{kernel}_us": round(wall * 1e6, 1),
+                    f"{kernel}_cpu_us": round(cpu * 1e6, 1),
+                    f"{kernel}_gb_s": round(size / cpu / 1e9, 2),
+                }
+            results.append(row)
     return results
 
 
@@ -112,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 128])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 512])
     parser.add_argument(
         "--layers", type=int, default=4, help="decoder layers per kind in the per-layer figures"
     )

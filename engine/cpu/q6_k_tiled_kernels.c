@@ -31,14 +31,8 @@
 #define HIGH_OFFSET 2336
 
 #ifdef TERN_Q4_TILED
-/* A row's int16 codes split for vpdpbusd (see above): xh, xl [M, K] and 32 * the sum of each 16 codes. */
-typedef struct {
-    int8_t *high;
-    uint8_t *low;
-    int32_t *sums32;
-} SplitRows;
-
-static int split_rows(const TernRows *q, int64_t M, int64_t K, SplitRows *s) {
+/* A row's int16 codes split for vpdpbusd (kernels.h, TernSplitRows). */
+int tern_split_rows(const TernRows *q, int64_t M, int64_t K, TernSplitRows *s) {
     s->high = (int8_t *)malloc((size_t)(M * K));
     s->low = (uint8_t *)malloc((size_t)(M * K));
     s->sums32 = (int32_t *)malloc((size_t)(M * K / 16) * sizeof(int32_t));
@@ -57,11 +51,13 @@ static int split_rows(const TernRows *q, int64_t M, int64_t K, SplitRows *s) {
     return 0;
 }
 
-static void free_split(SplitRows *s) {
+void tern_free_split_rows(TernSplitRows *s) {
     free(s->high);
     free(s->low);
     free(s->sums32);
 }
+
+typedef TernSplitRows SplitRows;
 
 static inline __m512i quad(const void *bytes) {
     int32_t four;
@@ -123,9 +119,9 @@ int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *
     const int64_t nsb = K / QK_K, tiles = N / TILE_N;
     TernRows q;
     SplitRows sx = {NULL, NULL, NULL};
-    if (tern_kquant_rows(x, M, K, &q) || split_rows(&q, M, K, &sx)) {
+    if (tern_kquant_rows(x, M, K, &q) || tern_split_rows(&q, M, K, &sx)) {
         tern_free_kquant_rows(&q);
-        free_split(&sx);
+        tern_free_split_rows(&sx);
         return -1;
     }
 #pragma omp parallel for schedule(guided)
@@ -144,7 +140,7 @@ int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *
         }
     }
     tern_free_kquant_rows(&q);
-    free_split(&sx);
+    tern_free_split_rows(&sx);
     return 0;
 }
 #else
