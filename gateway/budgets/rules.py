@@ -54,9 +54,10 @@ def counter_key(scope_name: str, period: Period, day: date) -> str:
 
 
 def reservation_keys(scope_name: str) -> tuple[str, str]:
-    """A scope's outstanding reservations: a hash (request id -> "tokens nano", plus the sums
-    ``__tok`` and ``__spend``) and a sorted set of request ids by expiry."""
-    return f"tern:bres:{scope_name}", f"tern:bres:{scope_name}:exp"
+    """A scope's outstanding reservations: a hash of their sums (``__tok``, ``__spend``) and a sorted
+    set of them, each ``"<request id> <tokens> <nano>"`` scored by its expiry. (``tern:bres:``, the
+    names before, held a hash entry per request: a gateway of that version keeps its own.)"""
+    return f"tern:bheld:{scope_name}", f"tern:bheld:{scope_name}:exp"
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,6 +269,8 @@ class RateLimiter:
                 admission.admission_id,
                 tokens,
                 spend_nano,
+                admission.reserved_tokens,  # with the id, they name the budget reservation
+                admission.reserved_nano,
                 admission.limits.settle_args(),
             ]
             reply = await self._scripts.call(self._settle, keys=keys, args=args)

@@ -5,14 +5,15 @@
 -- Budgets are strict: the request's worst case (tokens, and spend in nano-units) is reserved against
 -- every budget of every scope, and admitted only if settled usage + outstanding reservations + it
 -- fit under the limit. Reservations expire after `slot_ttl_ms` (a gateway that died never settles):
--- they are dropped when they would refuse a request.
+-- they are dropped when they would refuse a request. A reservation is one sorted-set member
+-- "request_id tokens nano" (score: expiry), so recording and settling it touch no per-request hash.
 --
 -- ARGV: request_id, reserve_tokens, window_ms, slot_ttl_ms, budget_tokens, budget_nano, n_scopes,
 --       then per scope: rpm, tpm, concurrency, n_periods, n_budgets  (-1 = no limit),
 --       then per budget: period_index (1..n_periods), metric (0 tokens, 1 spend), limit, alert_at
 -- KEYS per scope (5 + n_periods): request log (zset rid -> admit ms), tokens (hash rid -> tokens,
---       "__total"), slots (zset rid -> expiry ms), reservations (hash rid -> "tokens nano", "__tok",
---       "__spend"), reservation expiry (zset rid -> expiry ms), then one counter per period (hash: tok, spend)
+--       "__total"), slots (zset rid -> expiry ms), reservation sums (hash "__tok", "__spend"),
+--       reservations (zset "rid tokens nano" -> expiry ms), then one counter per period (hash: tok, spend)
 --
 -- Returns one string of space-separated fields (one bulk reply is much cheaper for the client to parse
 -- than an array of numbers):
@@ -28,6 +29,7 @@ local slot_ttl = tonumber(ARGV[4])
 local btok = tonumber(ARGV[5])
 local bnano = tonumber(ARGV[6])
 local n = tonumber(ARGV[7])
+local held = rid .. ' ' .. ARGV[5] .. ' ' .. ARGV[6]  -- the reservation; settle.lua names it alike
 
 local function reply(fields)
   for j, v in ipairs(fields) do
@@ -77,32 +79,28 @@ local function tokens_retry_ms(rkey, tkey, total, limit, need)
 end
 
 -- Give back the reservations of requests that never settled (their gateway died); how many.
-local function expire_reservations(reskey, expkey)
+local function expire_reservations(sumkey, expkey)
   local freed = 0
   while true do
     local old = redis.call('ZRANGEBYSCORE', expkey, '-inf', now, 'LIMIT', 0, CHUNK)
     if #old == 0 then return freed end
-    local vals = redis.call('HMGET', reskey, unpack(old))
     local tok, nano = 0, 0
-    for _, v in ipairs(vals) do
-      if v then
-        local a, b = string.match(v, '(%d+) (%d+)')
-        tok, nano = tok + tonumber(a), nano + tonumber(b)
-      end
+    for _, member in ipairs(old) do
+      local a, b = string.match(member, ' (%d+) (%d+)$')
+      if a then tok, nano = tok + tonumber(a), nano + tonumber(b) end
     end
     redis.call('ZREM', expkey, unpack(old))
-    redis.call('HDEL', reskey, unpack(old))
-    redis.call('HINCRBY', reskey, '__tok', -tok)
-    redis.call('HINCRBY', reskey, '__spend', -nano)
+    if tok ~= 0 then redis.call('HINCRBY', sumkey, '__tok', -tok) end
+    if nano ~= 0 then redis.call('HINCRBY', sumkey, '__spend', -nano) end
     freed = freed + #old
     if #old < CHUNK then return freed end
   end
 end
 
 -- The first budget the request's worst case does not fit (nil: all fit); fills `left`.
-local function misfit(budgets, used, reskey, left)
-  local held = redis.call('HMGET', reskey, '__tok', '__spend')
-  local held_tok, held_nano = tonumber(held[1] or 0), tonumber(held[2] or 0)
+local function misfit(budgets, used, sumkey, left)
+  local sums = redis.call('HMGET', sumkey, '__tok', '__spend')
+  local held_tok, held_nano = tonumber(sums[1] or 0), tonumber(sums[2] or 0)
   for j, b in ipairs(budgets) do
     if b.metric == 0 then left[j] = b.limit - used[b.p][1] - held_tok - btok
     else left[j] = b.limit - used[b.p][2] - held_nano - bnano end
@@ -118,7 +116,7 @@ for i = 1, n do
   local np, nb = tonumber(ARGV[argi + 3]), tonumber(ARGV[argi + 4])
   argi = argi + 5
   local rkey, tkey, ckey = KEYS[keyi], KEYS[keyi + 1], KEYS[keyi + 2]
-  local reskey, expkey = KEYS[keyi + 3], KEYS[keyi + 4]
+  local sumkey, expkey = KEYS[keyi + 3], KEYS[keyi + 4]
   local pbase = keyi + 4
   keyi = keyi + 5 + np
   local s = {rpm = rpm, tpm = tpm, conc = conc, nb = nb, count = 0, total = 0, left = {}}
@@ -135,9 +133,9 @@ for i = 1, n do
       if not c[1] then return reply({'seed', i, p}) end
       used[p] = {tonumber(c[1]), tonumber(c[2] or 0)}
     end
-    local j = misfit(budgets, used, reskey, s.left)
+    local j = misfit(budgets, used, sumkey, s.left)
     -- Expired reservations only matter when they would refuse: drop them then, and look again.
-    if j and expire_reservations(reskey, expkey) > 0 then j = misfit(budgets, used, reskey, s.left) end
+    if j and expire_reservations(sumkey, expkey) > 0 then j = misfit(budgets, used, sumkey, s.left) end
     if j then
       return reply({'deny', i, budgets[j].metric == 0 and 'token_budget' or 'spend_budget', 0, j})
     end
@@ -165,7 +163,7 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', ckey, '-inf', now)
     if redis.call('ZCARD', ckey) >= conc then return reply({'deny', i, 'concurrency', 1000, 0}) end
   end
-  s.rkey, s.tkey, s.ckey, s.reskey, s.expkey = rkey, tkey, ckey, reskey, expkey
+  s.rkey, s.tkey, s.ckey, s.sumkey, s.expkey = rkey, tkey, ckey, sumkey, expkey
   state[i] = s
 end
 
@@ -190,11 +188,10 @@ for i = 1, n do
     redis.call('PEXPIRE', s.ckey, slot_ttl + 1000)
   end
   if s.nb > 0 then
-    redis.call('HSET', s.reskey, rid, string.format('%d %d', btok, bnano))
-    redis.call('HINCRBY', s.reskey, '__tok', btok)
-    redis.call('HINCRBY', s.reskey, '__spend', bnano)
     -- No TTL on these two: one of each per scope with budgets, emptied as requests settle or expire.
-    redis.call('ZADD', s.expkey, now + slot_ttl, rid)
+    redis.call('ZADD', s.expkey, now + slot_ttl, held)
+    if btok ~= 0 then redis.call('HINCRBY', s.sumkey, '__tok', btok) end
+    if bnano ~= 0 then redis.call('HINCRBY', s.sumkey, '__spend', bnano) end
   end
   local req_remaining, tok_remaining = -1, -1
   if s.rpm >= 0 then req_remaining = s.rpm - s.count - 1 end

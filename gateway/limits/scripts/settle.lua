@@ -1,7 +1,8 @@
 -- Settle one admitted request: replace its token reservation with the real count, free its
 -- concurrency slot and budget reservation, and add its usage to its periods' budget counters.
 --
--- ARGV: request_id, actual_tokens, spend_nano, n_scopes,
+-- ARGV: request_id, actual_tokens, spend_nano, reserved_tokens, reserved_nano (as admit.lua got
+--       them: they name the reservation), n_scopes,
 --       then per scope: n_periods, n_budgets, then per budget: period_index, metric, limit, alert_at
 -- KEYS per scope (5 + n_periods): same as admit.lua
 --
@@ -15,14 +16,16 @@
 local rid = ARGV[1]
 local actual = tonumber(ARGV[2])
 local spend = tonumber(ARGV[3])
-local n = tonumber(ARGV[4])
+local held_tok, held_nano = tonumber(ARGV[4]), tonumber(ARGV[5])
+local held = rid .. ' ' .. ARGV[4] .. ' ' .. ARGV[5]
+local n = tonumber(ARGV[6])
 
 local out = {}
-local argi, keyi = 5, 1
+local argi, keyi = 7, 1
 for i = 1, n do
   local np, nb = tonumber(ARGV[argi]), tonumber(ARGV[argi + 1])
   argi = argi + 2
-  local tkey, ckey, reskey, expkey = KEYS[keyi + 1], KEYS[keyi + 2], KEYS[keyi + 3], KEYS[keyi + 4]
+  local tkey, ckey, sumkey, expkey = KEYS[keyi + 1], KEYS[keyi + 2], KEYS[keyi + 3], KEYS[keyi + 4]
   local pbase = keyi + 4
   keyi = keyi + 5 + np
   local reserved = redis.call('HGET', tkey, rid)
@@ -32,19 +35,18 @@ for i = 1, n do
   end
   redis.call('ZREM', ckey, rid)
   if nb > 0 then
-    local held = redis.call('HGET', reskey, rid)
-    if held then
-      local a, b = string.match(held, '(%d+) (%d+)')
-      redis.call('HDEL', reskey, rid)
-      redis.call('ZREM', expkey, rid)
-      redis.call('HINCRBY', reskey, '__tok', -tonumber(a))
-      redis.call('HINCRBY', reskey, '__spend', -tonumber(b))
+    if redis.call('ZREM', expkey, held) == 1 then
+      if held_tok ~= 0 then redis.call('HINCRBY', sumkey, '__tok', -held_tok) end
+      if held_nano ~= 0 then redis.call('HINCRBY', sumkey, '__spend', -held_nano) end
     end
+    -- One EXISTS for all the periods' counters; one by one only when some are missing (rare).
+    local counters = {}
+    for p = 1, np do counters[p] = KEYS[pbase + p] end
+    local all = redis.call('EXISTS', unpack(counters)) == np
     local used = {}
     for p = 1, np do
-      local key = KEYS[pbase + p]
-      if redis.call('EXISTS', key) == 1 then
-        used[p] = {redis.call('HINCRBY', key, 'tok', actual), redis.call('HINCRBY', key, 'spend', spend)}
+      if all or redis.call('EXISTS', counters[p]) == 1 then
+        used[p] = {redis.call('HINCRBY', counters[p], 'tok', actual), redis.call('HINCRBY', counters[p], 'spend', spend)}
       end
     end
     for j = 1, nb do
@@ -54,7 +56,7 @@ for i = 1, n do
       if used[p] then
         u = used[p][metric + 1]
         if alert_at >= 0 and u >= alert_at then
-          alert = redis.call('HSETNX', KEYS[pbase + p], 'alerted:' .. metric, 1)
+          alert = redis.call('HSETNX', counters[p], 'alerted:' .. metric, 1)
         end
       end
       table.insert(out, string.format('%d %d', u, alert))
