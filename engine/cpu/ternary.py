@@ -68,6 +68,41 @@ def unpack_tq2(packed: torch.Tensor, k: int) -> torch.Tensor:
     return (groups.reshape(n, -1)[:, :k].to(torch.int8) - 1).contiguous()
 
 
+def kernel_layout(
+    codes: torch.Tensor, block_scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Codes [N, Kp / 4] (and block scales [N, Kp / 256]) in the kernel's layout: the rows in groups
+    of four (the last group the N % 4 left), each group's blocks interleaved (block b of its row r
+    before block b of row r + 1, then block b + 1), so that four rows at a time read one stream of
+    memory. The same shapes and bytes; :func:`natural_layout` undoes it."""
+    scales = None if block_scales is None else block_scales.reshape(*block_scales.shape, 1)
+    laid_out = _interleave(codes.reshape(codes.shape[0], -1, BLOCK_BYTES))
+    return laid_out, None if scales is None else _interleave(scales)
+
+
+def natural_layout(
+    codes: torch.Tensor, block_scales: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`kernel_layout`'s codes (and block scales) back in row order."""
+    scales = None if block_scales is None else block_scales.reshape(*block_scales.shape, 1)
+    back = _interleave(codes.reshape(codes.shape[0], -1, BLOCK_BYTES), back=True)
+    return back, None if scales is None else _interleave(scales, back=True)
+
+
+def _interleave(blocks: torch.Tensor, back: bool = False) -> torch.Tensor:
+    """[N, nb, B] -> [N, nb * B]: each group of four rows (and the tail's) with its blocks interleaved,
+    or (``back``) the other way."""
+    n, nb, width = blocks.shape
+    full = n - n % 4
+    parts = []
+    for part in (blocks[:full], blocks[full:]):
+        rows = min(4, part.shape[0])
+        if rows:
+            grouped = part.reshape(-1, nb, rows, width) if back else part.reshape(-1, rows, nb, width)
+            parts.append(grouped.transpose(1, 2).reshape(-1, nb * width))
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).contiguous()
+
+
 def tq2_from_gguf(
     blocks: np.ndarray | torch.Tensor, shape: tuple[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,6 +169,18 @@ def matmul_tq2(
 ) -> torch.Tensor:
     """x [M, K] float32 @ (T * scale)^T -> [M, N] float32; T as :func:`pack_tq2`'s codes, the scale
     per row (``row_scales`` [N] float32) or per block (``block_scales`` [N, Kp / 256] float16)."""
+    laid_out, scales = kernel_layout(codes, block_scales)
+    return matmul_tq2_laid_out(x, laid_out, row_scales, scales)
+
+
+def matmul_tq2_laid_out(
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    row_scales: torch.Tensor | None = None,
+    block_scales: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`matmul_tq2` on codes and block scales already in :func:`kernel_layout` (what
+    ``TernaryCpuLinear`` holds), so that a call pays nothing for the layout."""
     x = kernels._rows(x)
     m, k = x.shape
     n = codes.shape[0]

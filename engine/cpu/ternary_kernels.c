@@ -9,6 +9,11 @@
  * (`ws`: transformers' BitNet `weight_scale` inverted, or a TQ2_0 tensor whose blocks share one
  * scale) or one float16 per block (`wd`: TQ2_0 as llama-quantize writes it, each block's absmax).
  *
+ * Layout (ternary.py, `kernel_layout`): rows in groups of four (the last the N % 4 left), a group's
+ * blocks interleaved, block b of its row r at block 4g * nb + b * rows + r (the block scales too): four
+ * rows at a time read one stream, not four that the prefetcher missed (one row, one Zen 4 thread:
+ * 8-10 GB/s row by row, 20, the memory's speed, interleaved; docs/quantization.md).
+ *
  * Activations: BitNet's per-token absmax quantization, as transformers' BitLinear and the engine's
  * torch path compute it: s = (1 / max(|x|, 1e-5)) * 127, q = clamp(round_half_even(x * s), -128, 127).
  *
@@ -35,7 +40,6 @@
 #define T_TILE_N 16            /* weight rows per tile (what one thread takes at a time) */
 #define ACT_MAX 127.0f
 #define ACT_EPS 1e-5f
-#define T_PREFETCH_BYTES 1024
 /* Activation rows per pass over the weights: a prompt's int8 rows (x) stay in the L2 cache while the
  * tiles of the weight stream past them once per pass, instead of every tile re-reading all the rows. */
 #define CHUNK_BYTES (256 * 1024)
@@ -53,11 +57,17 @@ typedef struct {
 } TernaryRows;
 
 typedef struct {
-    const uint8_t *qs;  /* [N, nb, 64] */
+    const uint8_t *qs;  /* [N, nb, 64], rows interleaved in fours (the layout above) */
     const float *ws;    /* [N] or NULL */
-    const uint16_t *wd; /* [N, nb] float16 or NULL */
-    int64_t nb;
+    const uint16_t *wd; /* [N, nb] float16, interleaved as qs, or NULL */
+    int64_t nb, n;
 } TernaryWeights;
+
+/* Where block b of weight row n is in the interleaved layout, counted in blocks. */
+static inline int64_t block_index(const TernaryWeights *w, int64_t n, int64_t b) {
+    const int64_t first = n & ~(int64_t)3, rows = w->n - first < 4 ? w->n - first : 4;
+    return first * w->nb + b * rows + (n - first);
+}
 
 /* One row: codes, its scale and its blocks' sums; past K (padding to whole blocks) the codes are 0. */
 static void quantize_row_i8(const float *x, int64_t K, int64_t nb, int8_t *qs, float *scale, int32_t *sums) {
@@ -101,11 +111,7 @@ static int quantize_rows_i8(const float *x, int64_t M, int64_t K, int64_t nb, Te
     return 0;
 }
 
-static void free_rows_i8(TernaryRows *q) {
-    free(q->qs);
-    free(q->scale);
-    free(q->sums);
-}
+static void free_rows_i8(TernaryRows *q) { free(q->qs), free(q->scale), free(q->sums); }
 
 /* The micro-kernel: RR activation rows from r0 against CC weight rows from n0. BLOCKED (a constant at
  * each use) picks the block scales' arithmetic over the row scales'. */
@@ -132,11 +138,11 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
         }
     for (int64_t b = 0; b < nb; b++) {
         __m512i packed[4];
-        for (int j = 0; j < CC; j++) {
-            const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * BLOCK_BYTES;
-            _mm_prefetch((const char *)wb + T_PREFETCH_BYTES, _MM_HINT_T0);
-            packed[j] = _mm512_loadu_si512((const void *)wb);
-        }
+        /* four columns: one group, its blocks side by side (the column loop takes them four-aligned) */
+        const uint8_t *group = w->qs + (CC == 4 ? n0 * nb + 4 * b : 0) * BLOCK_BYTES;
+        for (int j = 0; j < CC; j++)
+            packed[j] = _mm512_loadu_si512(
+                (const void *)(CC == 4 ? group + j * BLOCK_BYTES : w->qs + block_index(w, n0 + j, b) * BLOCK_BYTES));
         for (int g = 0; g < 4; g++) {
             __m512i codes[4];
             for (int j = 0; j < CC; j++) {
@@ -151,10 +157,9 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
         if (BLOCKED && CC == 4) {
             /* Four columns' block sums in one vector (a transposing add tree, a third of four separate
              * reductions), then each lane's (float)dot * d and total + part: lane j is column j's
-             * operations, in the order of the scalar ones below. */
-            const __m128 d = _mm_cvtph_ps(_mm_setr_epi16(
-                (short)w->wd[n0 * nb + b], (short)w->wd[(n0 + 1) * nb + b], (short)w->wd[(n0 + 2) * nb + b],
-                (short)w->wd[(n0 + 3) * nb + b], 0, 0, 0, 0));
+             * operations, in the order of the scalar ones below. The four columns are one group (the
+             * column loop takes them four-aligned), their block scales side by side. */
+            const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(w->wd + block_index(w, n0, b))));
             for (int i = 0; i < RR; i++) {
                 __m256i halves[4];
                 for (int j = 0; j < 4; j++) {
@@ -172,7 +177,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
             for (int i = 0; i < RR; i++)
                 for (int j = 0; j < CC; j++) {
                     const int32_t dot = _mm512_reduce_add_epi32(dots[i][j]) - x->sums[(r0 + i) * nb + b];
-                    const float part = (float)dot * half_to_float(w->wd[(n0 + j) * nb + b]);
+                    const float part = (float)dot * half_to_float(w->wd[block_index(w, n0 + j, b)]);
                     totals[i][j] = totals[i][j] + part;
                     dots[i][j] = _mm512_setzero_si512();
                 }
@@ -224,8 +229,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
         for (int half = 0; half < 2; half++) {
             __m256i packed[2];
             for (int j = 0; j < CC; j++) {
-                const uint8_t *wb = w->qs + ((n0 + j) * nb + b) * BLOCK_BYTES + 32 * half;
-                _mm_prefetch((const char *)wb + T_PREFETCH_BYTES, _MM_HINT_T0);
+                const uint8_t *wb = w->qs + block_index(w, n0 + j, b) * BLOCK_BYTES + 32 * half;
                 packed[j] = _mm256_loadu_si256((const __m256i *)wb);
             }
             for (int g = 0; g < 4; g++) {
@@ -256,7 +260,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
             const __m128i rows_sums = _mm_setr_epi32(x->sums[r0 * nb + b], x->sums[(r0 + 1) * nb + b],
                                                      x->sums[(r0 + 2) * nb + b], x->sums[(r0 + 3) * nb + b]);
             const __m128 part = _mm_mul_ps(_mm_cvtepi32_ps(_mm_sub_epi32(sums4, rows_sums)),
-                                           _mm_set1_ps(half_to_float(w->wd[n0 * nb + b])));
+                                           _mm_set1_ps(half_to_float(w->wd[block_index(w, n0, b)])));
             totals4 = _mm_add_ps(totals4, part);
             continue;
         }
@@ -265,7 +269,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
                 const __m256i wide = _mm256_madd_epi16(block[i][j], ones);
                 if (BLOCKED) {
                     const int32_t dot = hsum_epi32(wide) - x->sums[(r0 + i) * nb + b];
-                    const float part = (float)dot * half_to_float(w->wd[(n0 + j) * nb + b]);
+                    const float part = (float)dot * half_to_float(w->wd[block_index(w, n0 + j, b)]);
                     totals[i][j] = totals[i][j] + part;
                 } else {
                     dots[i][j] = _mm256_add_epi32(dots[i][j], wide);
@@ -303,12 +307,12 @@ static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, i
             int32_t whole = 0;
             float total = 0.0f;
             for (int64_t b = 0; b < nb; b++) {
-                const uint8_t *wb = w->qs + (n * nb + b) * BLOCK_BYTES;
+                const uint8_t *wb = w->qs + block_index(w, n, b) * BLOCK_BYTES;
                 const int8_t *xb = x->qs + (r * nb + b) * QKT;
                 int32_t dot = -x->sums[r * nb + b];
                 for (int e = 0; e < QKT; e++) dot += ((wb[(e / 128) * 32 + e % 32] >> (2 * ((e % 128) / 32))) & 3) * xb[e];
                 if (BLOCKED) {
-                    const float part = (float)dot * half_to_float(w->wd[n * nb + b]);
+                    const float part = (float)dot * half_to_float(w->wd[block_index(w, n, b)]);
                     total = total + part;
                 } else {
                     whole += dot;
@@ -351,26 +355,21 @@ static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, i
  * 0.09, callgrind). */
 __attribute__((optimize("no-tree-reassoc"))) static void ternary_tile_rows(const TernaryWeights *w, const TernaryRows *x, int64_t r_begin, int64_t r_end,
                               int64_t n_begin, int64_t n_end, int64_t N, float *out) {
-    if (w->wd)
-        T_ROW_LOOP(1);
-    else
-        T_ROW_LOOP(0);
+    if (w->wd) T_ROW_LOOP(1);
+    else T_ROW_LOOP(0);
 }
 
 /* out [M, N] = x [M, K] @ (T * scale)^T, T from wq [N, Kp / 4] (Kp: K rounded up to 256), the scale
- * per weight row (ws [N], wd NULL) or per block (wd [N, Kp / 256] float16, ws NULL). 0 on success,
- * -1 out of memory, -2 bad arguments. */
+ * per weight row (ws [N], wd NULL) or per block (wd [N, Kp / 256] float16, ws NULL); wq and wd in the
+ * interleaved layout above. 0 on success, -1 out of memory, -2 bad arguments. */
 int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out) {
     if (K <= 0 || (ws == NULL) == (wd == NULL)) return -2;
     if (M == 0 || N == 0) return 0;
     const int64_t nb = (K + QKT - 1) / QKT;
     TernaryRows q;
-    if (quantize_rows_i8(x, M, K, nb, &q)) {
-        free_rows_i8(&q);
-        return -1;
-    }
-    const TernaryWeights w = {wq, ws, wd, nb};
+    if (quantize_rows_i8(x, M, K, nb, &q)) return free_rows_i8(&q), -1;
+    const TernaryWeights w = {wq, ws, wd, nb, N};
     const int64_t tiles = (N + T_TILE_N - 1) / T_TILE_N;
     int64_t chunk = CHUNK_BYTES / (nb * QKT);
     chunk = chunk < T_ROWS ? T_ROWS : chunk - chunk % T_ROWS;

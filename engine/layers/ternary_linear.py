@@ -35,20 +35,26 @@ class TernaryCpuLinear(nn.Module):
     ) -> None:
         """``codes`` [N, K rounded up to 256 / 4] from :func:`ternary.pack_tq2` (or a TQ2_0 tensor's
         own); ``row_scales`` [N] float32 or ``block_scales`` [N, K / 256] float16. Block scales that a
-        row's blocks share become its row scale (the faster kernel, and the torch path's formula)."""
+        row's blocks share become its row scale (the faster kernel, and the torch path's formula).
+        Codes and block scales are held in the kernel's layout (:func:`ternary.kernel_layout`)."""
         super().__init__()
         if block_scales is not None and (shared := ternary.shared_scale(block_scales)) is not None:
             row_scales, block_scales = shared, None
         self.in_features, self.out_features = in_features, codes.shape[0]
-        self.codes = codes.contiguous()
+        self.codes, self.block_scales = ternary.kernel_layout(
+            codes, None if block_scales is None else block_scales.half()
+        )
         self.row_scales = None if row_scales is None else row_scales.float().contiguous()
-        self.block_scales = None if block_scales is None else block_scales.half().contiguous()
         self.bias = None if bias is None else bias.detach().float()
 
     @property
     def qweight(self) -> torch.Tensor:
         """The codes, under the name the C decoder layer reads every linear's weight by."""
         return self.codes
+
+    def natural_codes(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The codes and block scales in row order (:func:`ternary.pack_tq2`'s)."""
+        return ternary.natural_layout(self.codes, self.block_scales)
 
     @property
     def scales(self) -> torch.Tensor | None:
@@ -91,17 +97,18 @@ class TernaryCpuLinear(nn.Module):
         def cat(tensors: list[torch.Tensor | None]) -> torch.Tensor | None:
             return None if tensors[0] is None else torch.cat(tensors)  # type: ignore[arg-type]
 
+        natural = [p.natural_codes() for p in parts]
         return cls(
-            torch.cat([p.codes for p in parts]),
+            torch.cat([codes for codes, _ in natural]),
             first.in_features,
             row_scales=cat([p.row_scales for p in parts]),
-            block_scales=cat([p.block_scales for p in parts]),
+            block_scales=cat([scales for _, scales in natural]),
             bias=cat([p.bias for p in parts]),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        out = ternary.matmul_tq2(
+        out = ternary.matmul_tq2_laid_out(
             rows if rows.dtype == torch.float32 else rows.float(),
             self.codes,
             row_scales=self.row_scales,
@@ -114,12 +121,13 @@ class TernaryCpuLinear(nn.Module):
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] float32: what the codes and scales stand for (for tests and checks, not serving)."""
-        values = ternary.unpack_tq2(self.codes, self.codes.shape[1] * 4).float()
+        codes, block_scales = self.natural_codes()
+        values = ternary.unpack_tq2(codes, codes.shape[1] * 4).float()
         if self.row_scales is not None:
             weight = values * self.row_scales[:, None]
         else:
-            assert self.block_scales is not None
-            blocks = values.reshape(self.out_features, -1, ternary.QK) * self.block_scales.float()[..., None]
+            assert block_scales is not None
+            blocks = values.reshape(self.out_features, -1, ternary.QK) * block_scales.float()[..., None]
             weight = blocks.reshape(self.out_features, -1)
         return weight[:, : self.in_features]
 

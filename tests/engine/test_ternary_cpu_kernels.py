@@ -125,6 +125,41 @@ def test_a_prompt_longer_than_one_pass_over_the_weights_matches_the_reference() 
     )
 
 
+@pytest.mark.parametrize("n", [8, 6, 3])
+def test_the_kernel_layout_interleaves_the_blocks_of_four_rows(n: int) -> None:
+    """Block b of row r of a group of four (the last group the N % 4 left) at block 4g * nb + b * rows + r,
+    and the block scales the same way; natural_layout undoes it."""
+    codes = ternary.pack_tq2(random_values(n, 768, seed=n))
+    block_scales = torch.rand(n, 3).half()
+    laid_out, scales = ternary.kernel_layout(codes, block_scales)
+    assert laid_out.shape == codes.shape and scales is not None and scales.shape == block_scales.shape
+    blocks, flat_scales = laid_out.reshape(-1, ternary.BLOCK_BYTES), scales.reshape(-1)
+    for row in range(n):
+        first = row - row % 4
+        rows = min(4, n - first)
+        for b in range(3):
+            index = first * 3 + b * rows + row - first
+            assert torch.equal(blocks[index], codes[row, 64 * b : 64 * (b + 1)])
+            assert flat_scales[index] == block_scales[row, b]
+    back, back_scales = ternary.natural_layout(laid_out, scales)
+    assert torch.equal(back, codes) and back_scales is not None and torch.equal(back_scales, block_scales)
+
+
+def test_stacked_linears_with_rows_left_over_from_groups_of_four_are_the_parts() -> None:
+    """Stacking goes through the row order: parts of 5 and 7 rows are not whole groups of four."""
+    x = random_rows(3, 512, seed=3)
+    parts = [
+        TernaryCpuLinear(
+            ternary.pack_tq2(random_values(n, 512, seed=n)), 512, block_scales=torch.rand(n, 2).half() + 0.1
+        )
+        for n in (5, 7)
+    ]
+    stacked = TernaryCpuLinear.stacked(parts)
+    assert stacked is not None and stacked.block_scales is not None
+    assert torch.equal(stacked(x), torch.cat([p(x) for p in parts], dim=1))
+    assert torch.equal(stacked.dequantized_weight(), torch.cat([p.dequantized_weight() for p in parts]))
+
+
 @pytest.mark.parametrize("bias", [False, True])
 def test_cpu_linear_is_ternary_linears_torch_path_bit_for_bit(bias: bool) -> None:
     weight = TernaryWeight(random_values(48, 96, seed=7), scale=0.0371)

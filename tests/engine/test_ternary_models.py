@@ -121,7 +121,8 @@ class ReferenceTernary(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         linear = self.linear
         rows = x.reshape(-1, linear.in_features).float()
-        out = ternary.matmul_tq2_ref(rows, linear.codes, linear.row_scales, linear.block_scales)
+        codes, block_scales = linear.natural_codes()
+        out = ternary.matmul_tq2_ref(rows, codes, linear.row_scales, block_scales)
         return out.to(x.dtype).reshape(*x.shape[:-1], linear.out_features)
 
 
