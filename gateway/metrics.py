@@ -76,6 +76,16 @@ USAGE_QUEUE = Gauge(
     registry=REGISTRY,
     multiprocess_mode="livesum",
 )
+JOURNAL_SYNCS = Counter(
+    "tern_usage_journal_syncs_total",
+    "Group commits (fsyncs) of the usage journal; records / syncs is how many requests each served.",
+    registry=REGISTRY,
+)
+JOURNAL_SYNCED_RECORDS = Counter(
+    "tern_usage_journal_synced_lines_total",
+    "Journal lines made durable by the group commits.",
+    registry=REGISTRY,
+)
 USAGE_FLUSH_ERRORS = Counter(
     "tern_usage_flush_errors_total",
     "Usage batches Postgres did not take (spooled to disk, replayed later).",

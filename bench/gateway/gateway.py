@@ -109,6 +109,16 @@ async def drive(
     }
 
 
+def journal_counts(base: str) -> tuple[float, float]:
+    """The gateway's usage journal syncs and the lines they made durable, so far (``/metrics``)."""
+    values = {"tern_usage_journal_syncs_total": 0.0, "tern_usage_journal_synced_lines_total": 0.0}
+    for line in httpx.get(f"{base}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return values["tern_usage_journal_syncs_total"], values["tern_usage_journal_synced_lines_total"]
+
+
 def wait_http(url: str, process: subprocess.Popen[bytes], *, deadline_s: float = 60) -> None:
     deadline = time.monotonic() + deadline_s
     while True:
@@ -238,9 +248,15 @@ def run(requests: int, concurrencies: list[int], *, budgets: bool = False, round
                 drive_args = {"requests": requests, "concurrency": concurrency}
                 run_loop(drive(chat_url, CHAT, auth, requests=200, concurrency=concurrency))  # warm-up
                 direct = run_loop(drive(direct_url, GENERATE, {}, **drive_args))
+                syncs_before, lines_before = journal_counts(base)
                 cpu_before = process_cpu_s(gateway.pid)
                 through = run_loop(drive(chat_url, CHAT, auth, **drive_args))
                 cpu_after = process_cpu_s(gateway.pid)
+                syncs_after, lines_after = journal_counts(base)
+                syncs, lines = syncs_after - syncs_before, lines_after - lines_before
+                # How many requests each journal sync served (the sync's CPU is shared by them).
+                through["journal_syncs"] = int(syncs)
+                through["journal_lines_per_sync"] = round(lines / syncs, 1) if syncs else None
                 if cpu_before is not None and cpu_after is not None:
                     cpu_ms = (cpu_after - cpu_before) * 1000 / requests
                     through["gateway_cpu_ms_per_request"] = round(cpu_ms, 3)

@@ -20,6 +20,11 @@ class UsageSettings(BaseSettings):
         True,
         description="fsync each journal batch: usage survives a machine crash, not only the gateway's.",
     )
+    journal_commit_interval_ms: float = Field(
+        5.0,
+        ge=0,
+        description="Under load, journal syncs start at most this often (each then serves more requests).",
+    )
     replay_interval_s: float = Field(1.0, gt=0, description="How often spooled batches are retried.")
     retention_months: int = Field(
         0, ge=0, description="Drop raw rows' monthly partitions older than this many months (0: keep all)."

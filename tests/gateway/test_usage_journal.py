@@ -7,6 +7,7 @@ snapshots of a stream become an estimated row only when the stream has no finish
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
@@ -22,8 +23,9 @@ from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from test_usage import count_rows, make_record, raw_and_rollup_sums
 
+from gateway.metrics import JOURNAL_SYNCS
 from gateway.usage.config import UsageSettings
-from gateway.usage.journal import encode, encode_in_flight, segments
+from gateway.usage.journal import UsageJournal, encode, encode_in_flight, read_segments, segments
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.schemas import UsageRecord
 
@@ -137,3 +139,31 @@ async def test_an_unwritable_journal_directory_disables_the_journal_not_the_gate
     finally:
         await recorder.stop()
     assert recorder.journal.disabled and await count_rows(db) == 1
+
+
+async def test_one_sync_serves_every_line_of_a_loop_turn(tmp_path: Path) -> None:
+    journal = UsageJournal(tmp_path, instance_id="one")
+    journal.open()
+    rng = random.Random(14)
+    records = [make_record(rng) for _ in range(50)]
+    syncs = JOURNAL_SYNCS._value.get()
+    waits = [journal.append(encode(r)) for r in records]
+    assert len(set(map(id, waits))) == 1  # one future that every request of the batch awaits
+    await waits[0]
+    assert JOURNAL_SYNCS._value.get() == syncs + 1
+    await journal.append(encode(make_record(rng)))  # the next batch: after the interval at most
+    [segment] = segments(tmp_path)
+    assert [r.request_id for r in read_segments([segment])][:50] == [r.request_id for r in records]
+    journal.close(done_seq=0)
+
+
+async def test_a_lone_request_never_waits_for_the_commit_interval(tmp_path: Path) -> None:
+    """A client alone (each sync served one line) is synced at once; with an hour's interval
+    applied to it, this would hang."""
+    journal = UsageJournal(tmp_path, instance_id="lone", commit_interval_s=3600)
+    journal.open()
+    rng = random.Random(15)
+    for _ in range(3):
+        await asyncio.wait_for(journal.append(encode(make_record(rng))), 60)
+    journal.close(done_seq=0)
+    assert len(read_segments(segments(tmp_path))) == 3
