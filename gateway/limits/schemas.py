@@ -113,6 +113,9 @@ class RequestLimits:
     key_token_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
     """Where the key's token budgets' "left" are in that reply (for the budget headers)."""
     key_spend_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
+    script_tries: int = field(init=False, compare=False, repr=False)
+    """How often admission may run the script: once, plus a seeding of every period's counter and
+    a reaping of every scope."""
     _keys_by_day: dict[date, Packed] = field(default_factory=dict, compare=False, repr=False)
     _packed: dict[str, Packed] = field(default_factory=dict, compare=False, repr=False)
 
@@ -136,6 +139,7 @@ class RequestLimits:
         set_field(self, "window_fields", tuple(windows))
         set_field(self, "key_token_fields", tuple(key_tokens))
         set_field(self, "key_spend_fields", tuple(key_spend))
+        set_field(self, "script_tries", sum(len(s.periods) for s in self.scopes) + len(self.scopes) + 1)
 
     def redis_keys(self, day: date) -> Packed:
         """Every scope's keys, in the scripts' order."""

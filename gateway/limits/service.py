@@ -162,7 +162,7 @@ class RateLimiter:
             admission.limits.limit_args(),  # the number of scopes, then their limits
         ]
         reaped: set[int] = set()
-        for _ in range(sum(len(s.periods) for s in scopes) + len(scopes) + 1):
+        for _ in range(admission.limits.script_tries):
             reply = await self._scripts.call(self._admit, keys=keys, args=args)
             fields: list[bytes] = reply.split()  # type: ignore[attr-defined]  # admit.lua's reply
             outcome = fields[0]
