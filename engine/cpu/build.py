@@ -30,6 +30,7 @@ SOURCES = tuple(
         "attention_kernels.c",
         "layer_kernels.c",
         "ternary_kernels.c",
+        "ternary_activations.c",
     )
 )
 INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))

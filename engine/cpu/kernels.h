@@ -63,6 +63,16 @@ void tern_dequantize_q6_k_tiled(const uint8_t *w, int64_t nsb, const int64_t *id
 /* type 0 Q4_K, 1 Q5_K, 2 Q6_K; w [N, K/256] super-blocks as GGUF stores them (kquant_kernels.c). */
 int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out);
+/* Rows of x for the ternary kernel (ternary_activations.c): int8 codes [M, nb * 256] (blocks of 256,
+ * padded with zeros), one scale a row (127 / absmax, [M]) and each block's code sum ([M, nb]). */
+typedef struct {
+    int8_t *qs;
+    float *scale;
+    int32_t *sums;
+    int64_t nb;
+} TernInt8Rows;
+int tern_int8_rows(const float *x, int64_t M, int64_t K, TernInt8Rows *q);
+void tern_free_int8_rows(TernInt8Rows *q);
 int tern_matmul_kquant(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,

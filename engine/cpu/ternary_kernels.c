@@ -14,8 +14,7 @@
  * rows at a time read one stream, not four that the prefetcher missed (one row, one Zen 4 thread:
  * 8-10 GB/s row by row, 20, the memory's speed, interleaved; docs/quantization.md).
  *
- * Activations: BitNet's per-token absmax quantization, as transformers' BitLinear and the engine's
- * torch path compute it: s = (1 / max(|x|, 1e-5)) * 127, q = clamp(round_half_even(x * s), -128, 127).
+ * Activations: BitNet's per-token absmax quantization to int8, scale s a row (ternary_activations.c).
  *
  * Each block product is an integer dot product of unsigned codes (0..2) and signed activations
  * (vpdpbusd with AVX-512 VNNI, vpmaddubsw + vpmaddwd otherwise), exact; the codes' offset of one
@@ -38,23 +37,12 @@
 #define QKT 256                /* elements per block (GGUF's QK_K) */
 #define BLOCK_BYTES (QKT / 4)  /* 64 */
 #define T_TILE_N 16            /* weight rows per tile (what one thread takes at a time) */
-#define ACT_MAX 127.0f
-#define ACT_EPS 1e-5f
 /* Activation rows per pass over the weights: a prompt's int8 rows (x) stay in the L2 cache while the
  * tiles of the weight stream past them once per pass, instead of every tile re-reading all the rows. */
 #define CHUNK_BYTES (256 * 1024)
-#ifdef TERN_AVX512
-#define TERN_AVX512_ORDER 1
-#else
-#define TERN_AVX512_ORDER 0
-#endif
-
-typedef struct {
-    int8_t *qs;    /* [M, Kp]; AVX-512: within a block, group j is elements 32j.. then 128 + 32j.. */
-    float *scale;  /* [M] 127 / absmax */
-    int32_t *sums; /* [M, nb] the sum of each block's codes */
-    int64_t nb;
-} TernaryRows;
+/* the activation rows (ternary_activations.c); AVX-512: within a block, group j is elements 32j.. then
+ * 128 + 32j.. */
+typedef TernInt8Rows TernaryRows;
 
 typedef struct {
     const uint8_t *qs;  /* [N, nb, 64], rows interleaved in fours (the layout above) */
@@ -69,49 +57,6 @@ static inline int64_t block_index(const TernaryWeights *w, int64_t n, int64_t b)
     return first * w->nb + b * rows + (n - first);
 }
 
-/* One row: codes, its scale and its blocks' sums; past K (padding to whole blocks) the codes are 0. */
-static void quantize_row_i8(const float *x, int64_t K, int64_t nb, int8_t *qs, float *scale, int32_t *sums) {
-    /* compares, not fmaxf/fminf: those are calls to libm here (NaN rules), 30 instructions a value */
-    float amax = 0.0f;
-    for (int64_t k = 0; k < K; k++) {
-        const float a = fabsf(x[k]);
-        amax = a > amax ? a : amax;
-    }
-    /* torch computes 127 / t as reciprocal(t) * 127: two roundings, here too */
-    const float s = (1.0f / (amax > ACT_EPS ? amax : ACT_EPS)) * ACT_MAX;
-    for (int64_t b = 0; b < nb; b++) {
-        int8_t block[QKT];
-        int32_t sum = 0;
-        for (int e = 0; e < QKT; e++) {
-            const int64_t k = b * QKT + e;
-            float q = k < K ? nearbyintf(x[k] * s) : 0.0f;
-            q = q < -128.0f ? -128.0f : (q > 127.0f ? 127.0f : q);
-            block[e] = (int8_t)q;
-            sum += block[e];
-        }
-        for (int j = 0; j < 4 && TERN_AVX512_ORDER; j++) { /* group j: elements 32j.. then 128 + 32j.. */
-            memcpy(qs + b * QKT + 64 * j, block + 32 * j, 32);
-            memcpy(qs + b * QKT + 64 * j + 32, block + 128 + 32 * j, 32);
-        }
-        if (!TERN_AVX512_ORDER) memcpy(qs + b * QKT, block, QKT);
-        sums[b] = sum;
-    }
-    *scale = s;
-}
-
-static int quantize_rows_i8(const float *x, int64_t M, int64_t K, int64_t nb, TernaryRows *q) {
-    q->nb = nb;
-    q->qs = (int8_t *)malloc((size_t)(M * nb * QKT));
-    q->scale = (float *)malloc((size_t)M * sizeof(float));
-    q->sums = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
-    if (!q->qs || !q->scale || !q->sums) return -1;
-#pragma omp parallel for schedule(static) if (M >= 4)
-    for (int64_t r = 0; r < M; r++)
-        quantize_row_i8(x + r * K, K, nb, q->qs + r * nb * QKT, q->scale + r, q->sums + r * nb);
-    return 0;
-}
-
-static void free_rows_i8(TernaryRows *q) { free(q->qs), free(q->scale), free(q->sums); }
 
 /* The micro-kernel: RR activation rows from r0 against CC weight rows from n0. BLOCKED (a constant at
  * each use) picks the block scales' arithmetic over the row scales'. */
@@ -368,7 +313,7 @@ int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, con
     if (M == 0 || N == 0) return 0;
     const int64_t nb = (K + QKT - 1) / QKT;
     TernaryRows q;
-    if (quantize_rows_i8(x, M, K, nb, &q)) return free_rows_i8(&q), -1;
+    if (tern_int8_rows(x, M, K, &q)) return tern_free_int8_rows(&q), -1;
     const TernaryWeights w = {wq, ws, wd, nb, N};
     const int64_t tiles = (N + T_TILE_N - 1) / T_TILE_N;
     int64_t chunk = CHUNK_BYTES / (nb * QKT);
@@ -384,15 +329,6 @@ int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, con
             ternary_tile_rows(&w, &q, r0, r1, n0, n1, N, out);
         }
     }
-    free_rows_i8(&q);
+    tern_free_int8_rows(&q);
     return 0;
 }
-
-/* The activation quantizer alone, for the reference test: qs [M, Kp] in the kernel's order, scale, sums. */
-void tern_quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *qs, float *scale, int32_t *sums) {
-    const int64_t nb = (K + QKT - 1) / QKT;
-    for (int64_t r = 0; r < M; r++) quantize_row_i8(x + r * K, K, nb, qs + r * nb * QKT, scale + r, sums + r * nb);
-}
-
-/* 1 where the activation codes of a block are stored in the AVX-512 kernel's order. */
-int tern_ternary_avx512_order(void) { return TERN_AVX512_ORDER; }

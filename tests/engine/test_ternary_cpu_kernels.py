@@ -58,13 +58,18 @@ def test_gguf_ternary_blocks_give_what_gguf_dequantizes(qtype: Q) -> None:
     assert torch.equal(mine, torch.from_numpy(gguf.quants.dequantize(blocks, qtype)))
 
 
-def test_activation_quantizer_is_bitnets_per_token_int8() -> None:
-    x = random_rows(7, 300)
+@pytest.mark.parametrize("k", [300, 1000, 7])
+def test_activation_quantizer_is_bitnets_per_token_int8(k: int) -> None:
+    """The vector paths' chunks, a block's tail and the padding; ties round half to even."""
+    x = random_rows(7, k)
     x[3] = 0  # an all-zero row hits the absmax floor
+    x[5] = torch.arange(k) % 9 - 4.5  # with absmax 127 the scale is exactly 1: every value a tie
+    x[5, 0] = 127
     codes, scales, sums = ternary.quantize_rows_i8(x)
     ref_codes, ref_scales, ref_sums = ternary.quantize_rows_i8_ref(x)
     assert torch.equal(codes, ref_codes) and torch.equal(scales, ref_scales) and torch.equal(sums, ref_sums)
     assert int(codes.abs().max()) == 127 and not codes[3].any()
+    assert scales[5] == 1 and codes[5, 1:5].tolist() == [-4, -2, -2, 0]  # -3.5 -2.5 -1.5 -0.5
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 17])
