@@ -145,9 +145,13 @@ class EngineConfig:
         return default_num_threads(steps_in_c=steps_in_c)
 
 
-KV_TOKENS_PER_SEQ = 128
-"""Cache tokens per sequence slot when ``kv_cache_gib`` is None (64 slots: 8,192 tokens, 180 MiB in
-bfloat16 for SmolLM2-135M). Short chats fit many times over; the scheduler preempts when it runs out."""
+KV_TOKENS_PER_SEQ = 64
+"""Cache tokens per sequence slot when ``kv_cache_gib`` is None: with 64 slots the pool holds at least
+4,096 tokens (llama.cpp's smallest fitted context, Ollama's default), else the model's context or
+``--max-model-len`` (8,192 tokens for the default model, 180 MiB in float16), so ``--max-model-len N``
+sizes it as llama-server's ``-c N`` does. Short chats fit many times over; the scheduler preempts when
+it runs out. It was 128 (8,192 at least): a model of 4,096 tokens' context (bitnet-b1.58-2B-4T) then
+had twice llama-server's cache resident after a 64-request run (docs/engine.md, "Memory")."""
 
 
 def cpu_has_native_bf16() -> bool:

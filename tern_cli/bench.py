@@ -50,6 +50,10 @@ BENCHMARKS = {
         "GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0) on the C kernels against the default model's q4_1",
     ),
     "int4-quality": ("bench.engine.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
+    "engine-memory": (
+        "bench.engine.memory",
+        "an engine's resident memory phase by phase: imports, weights, KV pool, heap, after 16 streams",
+    ),
 }
 """Name: (module with ``main(argv)``, one line for ``tern bench --help``)."""
 

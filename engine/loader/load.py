@@ -208,11 +208,25 @@ def _no_weight_init() -> Iterator[None]:
 def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
     with torch.device("meta"), _no_weight_init():
         model = model_class_for(config)(config)
-    model = model.to_empty(device=device).to(dtype)
+    model = _materialize(model, device, dtype)
     model.tie_weights()
     if device.type == "cuda":
         set_decode_backend(model, TritonDecode())
     return model
+
+
+def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The meta model's tensors as uninitialised ones on ``device``, floating ones in ``dtype``: what
+    ``to_empty(device).to(dtype)`` does, without going through torch's meta-tensor references
+    (``empty_like`` of a meta tensor imports torch.fx's symbolic shapes, and with it sympy: 32 MB
+    resident in every engine). Nothing is written: the pages of a weight the loader replaces by
+    its blocks are never touched."""
+
+    def empty(tensor: torch.Tensor) -> torch.Tensor:
+        kind = dtype if tensor.is_floating_point() else tensor.dtype
+        return torch.empty(tensor.shape, dtype=kind, device=device)
+
+    return model._apply(empty)
 
 
 def _load_weights(

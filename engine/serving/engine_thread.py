@@ -18,6 +18,7 @@ from typing import Any
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import ErrorKind, RequestError, RequestOutput
 from engine.cpu.openmp import adopt_torch_thread_count, release_openmp_threads
+from engine.loader.memory import release_freed_memory
 from engine.metrics import StatsLog
 from engine.serving.frames import Frame, error_frame, to_frames
 from engine.serving.ledger import RequestLedger
@@ -169,6 +170,11 @@ class EngineThread:
             if outputs and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._deliver_outputs, outputs)
             self._stats.maybe_log()
+            if not self.engine.has_unfinished_requests():
+                # Idle now: hand the heap the steps freed (activations, logits) back to the OS. The C
+                # library keeps freed blocks for reuse, and after a burst of long prompts and many
+                # streams that is tens of MB the process no longer uses (docs/engine.md, "Memory").
+                release_freed_memory()
 
     def _run_commands(self) -> None:
         while True:

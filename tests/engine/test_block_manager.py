@@ -52,3 +52,18 @@ def test_shared_blocks_return_only_after_the_last_holder_frees() -> None:
     assert manager.num_free_blocks == 5 and parent.block_table == []
     manager.free(child)
     assert manager.num_free_blocks == 8 and child.block_table == []
+
+
+def test_blocks_used_before_are_handed_out_before_unused_ones() -> None:
+    # The pool's pages cost memory once written: traffic that never holds more than 3 blocks at once
+    # must keep using the same 3, not walk the whole pool (a queue handed every block out in turn).
+    allocator = BlockAllocator(64)
+    used: set[int] = set()
+    for _ in range(20):
+        blocks = allocator.allocate(3)
+        used.update(blocks)
+        allocator.decref(reversed(blocks))
+    assert used == {0, 1, 2}
+    first = allocator.allocate(2)
+    allocator.decref([first[0]])
+    assert allocator.allocate(1) == [first[0]]  # the block freed last comes back first
