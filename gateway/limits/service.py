@@ -44,7 +44,11 @@ Clock = Callable[[], datetime]
 AlertHook = Callable[[Scope, BudgetRule, int, date], Coroutine[Any, Any, None]]
 """(scope, budget, used, a day of the period): a budget just crossed its alert threshold."""
 GaugeHook = Callable[[str, float], None]
-"""("<scope>:<metric>:<period>", used / limit) after every settlement: the used-ratio metric."""
+"""("<scope>:<metric>:<period>", used / limit) after a settlement that moved it by ``GAUGE_STEP`` or
+more since it was last set: the used-ratio metric."""
+GAUGE_STEP = 0.001
+"""Setting a gauge takes a lock; a budget's ratio moves a hair per request, so it is set again only
+once it moved by a tenth of a percentage point (a period's start, back near 0, always does)."""
 
 
 def utc_now() -> datetime:
@@ -95,6 +99,8 @@ class RateLimiter:
         """("<scope>:<metric>:<period>", a day of the period) -> usage last seen (tokens, or nano):
         what the fail-open fallback checks budgets against."""
         self._alerts: set[asyncio.Task[None]] = set()
+        self._gauged: dict[str, float] = {}
+        """The used ratio last set per budget label (``GAUGE_STEP``)."""
 
     # ------------------------------------------------------------ Redis health
 
@@ -206,10 +212,14 @@ class RateLimiter:
                 admission.requests = WindowState(rpm, req_left, req_reset)
             if tpm >= 0 and (admission.tokens is None or tok_left < admission.tokens.remaining):
                 admission.tokens = WindowState(tpm, tok_left, tok_reset)
-        if limits.key_token_fields:
-            admission.budget_tokens_left = min(int(fields[at]) for at in limits.key_token_fields)
-        if limits.key_spend_fields:
-            admission.budget_nano_left = min(int(fields[at]) for at in limits.key_spend_fields)
+        for at in limits.key_token_fields:
+            left = int(fields[at])
+            if admission.budget_tokens_left is None or left < admission.budget_tokens_left:
+                admission.budget_tokens_left = left
+        for at in limits.key_spend_fields:
+            left = int(fields[at])
+            if admission.budget_nano_left is None or left < admission.budget_nano_left:
+                admission.budget_nano_left = left
 
     async def _seed_counter(self, scope: Scope, period: Period, day: date) -> None:
         """Start a period's counter from Postgres (Redis lost it, or the period just began)."""
@@ -288,7 +298,12 @@ class RateLimiter:
                 continue
             self._budget_seen[(budget.label, day)] = used
             if self.on_used is not None:
-                self.on_used(budget.label, used / budget.rule.limit if budget.rule.limit else 1.0)
+                ratio = used / budget.rule.limit if budget.rule.limit else 1.0
+                if abs(ratio - self._gauged.get(budget.label, -1.0)) >= GAUGE_STEP:
+                    if len(self._gauged) > 100_000:  # many keys come and go
+                        self._gauged.clear()
+                    self._gauged[budget.label] = ratio
+                    self.on_used(budget.label, ratio)
             if fields[2 * j + 1] == b"1" and self.on_alert is not None:
                 task = asyncio.get_running_loop().create_task(
                     self.on_alert(budget.scope, budget.rule, used, day)

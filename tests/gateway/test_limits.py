@@ -268,3 +268,25 @@ async def test_redis_outage_fail_open_checks_budgets_against_the_last_counts_set
         assert (await limiter.admit(limits=limits, reserve=5)).backend == "local"  # 100 fits the day
     finally:
         await client.aclose()
+
+
+async def test_the_used_ratio_gauge_is_set_when_it_moved_by_a_step(redis_client: Redis) -> None:
+    """Setting a gauge takes a lock: a settlement that moves a budget's ratio by less than
+    GAUGE_STEP since it was last set leaves it; one that moves it further sets it."""
+    await redis_client.flushall()
+    gauged: list[tuple[str, float]] = []
+
+    async def nothing_billed_yet(scope: Scope, start: date, end: date | None) -> tuple[int, Decimal]:
+        return 0, Decimal(0)
+
+    limiter = RateLimiter(
+        redis=redis_client,
+        settings=LimitsSettings(),
+        load_usage=nothing_billed_yet,
+        on_used=lambda label, ratio: gauged.append((label, ratio)),
+    )
+    budget = BudgetRule.of(metric="tokens", period="day", amount=1_000_000)
+    limits = only(Scope(kind="key", id="k1", label="API key 'k1'", budgets=(budget,)))
+    for tokens in (10, 10, 1000, 5):  # used: 10, 20 (+0.00001), 1020 (+0.00101), 1025
+        await limiter.settle(await limiter.admit(limits=limits, reserve=tokens), tokens=tokens)
+    assert gauged == [("key:k1:tokens:day", 0.00001), ("key:k1:tokens:day", 0.00102)]
