@@ -1,6 +1,7 @@
 """Ternary (BitNet b1.58) linears on CPU: the ternary C kernel against the paths ternary weights took before.
 
     python -m bench.engine.ternary_linears [--threads 2] [--rows 1 16 128] [--layers 4] [--repeats 5]
+        [--streamed MB] [--no-shapes]
 
 For the decoder linears of two models (Llama-3.2-1B's shapes, the llama-architecture TQ2_0 benchmark
 model; bitnet-b1.58-2B-4T's), with random ternary weights, times in one process, interleaved, best of
@@ -16,12 +17,18 @@ model; bitnet-b1.58-2B-4T's), with random ternary weights, times in one process,
 Prints one JSON object: µs per call per shape and row count, and ``layers``: ``--layers`` decoder layers
 of each model, every linear its own weight (so a step reads them from memory, as serving does), in ms
 per layer, with the weight bytes each kernel reads per layer.
+
+``--streamed MB`` adds ``streamed``: each shape's ternary kernel (row and block scales) on enough copies
+of its weight to fill MB of memory, called in turn (so every call reads its weight from memory, not
+from the caches the per-shape figures run in): µs a call, wall and CPU (all threads), and the GB of
+weight read a wall second and a CPU second (the CPU figure holds on a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Callable
 
 import torch
@@ -50,21 +57,30 @@ MODELS: dict[str, dict[str, tuple[int, int]]] = {
 KERNELS = ("tq2_rows", "tq2_blocks", "int8_int_mm", "q8_0")
 
 
+def ternary_linears(k: int, n: int, seed: int) -> dict[str, tuple[nn.Module, int]]:
+    """The ternary kernel's modules (row and block scales) on one random ternary weight, with the
+    weight bytes a call reads."""
+    generator = torch.Generator().manual_seed(seed)
+    values = torch.randint(-1, 2, (n, k), generator=generator, dtype=torch.int8)
+    codes = ternary.pack_tq2(values)
+    block_scales = (torch.rand(n, k // ternary.QK, generator=generator) * 0.01 + 0.015).half()
+    return {
+        "tq2_rows": (TernaryCpuLinear.from_ternary(TernaryWeight(values, scale=0.02)), n * k // 4 + 4 * n),
+        "tq2_blocks": (TernaryCpuLinear(codes, k, block_scales=block_scales), n * k // 4 + 2 * n * k // 256),
+    }
+
+
 def linears(k: int, n: int, seed: int) -> dict[str, tuple[nn.Module, int]]:
     """Each kernel's module on one random ternary weight, with the weight bytes a call reads."""
     generator = torch.Generator().manual_seed(seed)
     values = torch.randint(-1, 2, (n, k), generator=generator, dtype=torch.int8)
     weight = TernaryWeight(values, scale=0.02)
-    codes = ternary.pack_tq2(values)
-    block_scales = (torch.rand(n, k // ternary.QK, generator=generator) * 0.01 + 0.015).half()
     dense = nn.Linear(k, n, bias=False)
     with torch.no_grad():
         dense.weight.copy_(weight.dequantize())
     q8 = Q8CpuLinear(dense)
     del dense
-    return {
-        "tq2_rows": (TernaryCpuLinear.from_ternary(weight), n * k // 4 + 4 * n),
-        "tq2_blocks": (TernaryCpuLinear(codes, k, block_scales=block_scales), n * k // 4 + 2 * n * k // 256),
+    return ternary_linears(k, n, seed) | {
         "int8_int_mm": (TernaryLinear(weight, backend="torch"), n * k),
         "q8_0": (q8, n * k + 2 * n * k // 32),
     }
@@ -127,6 +143,37 @@ def per_layer(rows_list: list[int], num_layers: int, repeats: int) -> list[dict[
     return results
 
 
+def streamed(rows_list: list[int], repeats: int, megabytes: int) -> list[dict[str, object]]:
+    """The ternary kernel per shape, each call on the next of enough weights to fill ``megabytes``."""
+    results: list[dict[str, object]] = []
+    for model, shapes in MODELS.items():
+        for name, (k, n) in shapes.items():
+            copies = max(2, megabytes * 10**6 // (n * k // 4))
+            built = [ternary_linears(k, n, seed=k + n + i) for i in range(copies)]
+            for rows in rows_list:
+                x = torch.randn(rows, k)
+                row: dict[str, object] = {"model": model, "shape": name, "k": k, "n": n, "rows": rows}
+                for kernel in ("tq2_rows", "tq2_blocks"):
+                    modules = [b[kernel][0] for b in built]
+                    weight_bytes = built[0][kernel][1]
+                    wall, cpu = float("inf"), float("inf")
+                    for _ in range(repeats):
+                        start, start_cpu = time.perf_counter(), time.process_time()
+                        for module in modules:
+                            module(x)
+                        wall = min(wall, (time.perf_counter() - start) / copies)
+                        cpu = min(cpu, (time.process_time() - start_cpu) / copies)
+                    row |= {
+                        f"{kernel}_us": round(wall * 1e6, 1),
+                        f"{kernel}_cpu_us": round(cpu * 1e6, 1),
+                        f"{kernel}_gb_s": round(weight_bytes / wall / 1e9, 2),
+                        f"{kernel}_gb_cpu_s": round(weight_bytes / cpu / 1e9, 2),
+                    }
+                results.append(row)
+            del built
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -137,6 +184,10 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=4, help="decoder layers per model in the per-layer figures"
     )
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--streamed", type=int, default=0, metavar="MB", help="per shape, weights read from memory (0: off)"
+    )
+    parser.add_argument("--no-shapes", action="store_true", help="leave out the per-shape figures")
     args = parser.parse_args(argv)
     if not cpu_kernels.available():
         print(json.dumps({"error": "the C kernels cannot be built here (no C compiler)"}))
@@ -144,8 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     with torch.inference_mode():
-        shapes = per_shape(args.rows, args.repeats)
+        shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats)
         layers = per_layer(args.rows, args.layers, args.repeats) if args.layers else []
+        from_memory = streamed(args.rows, args.repeats, args.streamed) if args.streamed else []
     report = {
         "benchmark": "ternary_linears",
         "cpu": cpu_model(),
@@ -154,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "results": shapes,
         "layers": layers,
+        "streamed": from_memory,
     }
     print(json.dumps(report))
     return 0

@@ -1,0 +1,72 @@
+"""One stream's decode step on a model, in process: wall and CPU milliseconds a token.
+
+    python -m bench.engine.decode_step MODEL [--threads 1] [--tokens 64] [--rounds 2]
+
+Loads ``MODEL`` (a GGUF file or a checkpoint directory) as ``tern engine`` does, with its defaults,
+and generates ``--tokens`` greedy tokens for one request (EOS ignored) ``--rounds`` times after a
+warm-up. The CPU time is the process's (every thread's), so on a machine others share it says what a
+token costs where the wall clock does not; compare two commits by running them in turn. Prints one
+JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from bench.engine import cpu_model
+from bench.engine.kernels import git_commit
+from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest, SamplingParams
+
+PROMPT = [1, 20, 30, 42, 7, 9, 12, 100]
+
+
+def decode(engine: LLMEngine, tokens: int, request_id: str) -> tuple[float, float, int]:
+    """(wall seconds, CPU seconds, tokens) for one greedy request of ``tokens`` tokens."""
+    sampling = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    out = engine.generate([EngineRequest(request_id, list(PROMPT), sampling)])[request_id]
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    return wall, cpu, sum(len(delta.token_ids) for delta in out.deltas)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    engine = LLMEngine.from_config(
+        EngineConfig(model=str(args.model), device="cpu", num_threads=args.threads)
+    )
+    decode(engine, 4, "warm-up")
+    rounds = [decode(engine, args.tokens, f"r{i}") for i in range(args.rounds)]
+    report = {
+        "benchmark": "decode_step",
+        "model": args.model.name,
+        "cpu": cpu_model(),
+        "threads": args.threads,
+        "commit": git_commit(),
+        "steps_in_c": engine.steps_in_c,
+        "rounds": [
+            {
+                "tokens": n,
+                "wall_ms_per_token": round(wall / n * 1e3, 2),
+                "cpu_ms_per_token": round(cpu / n * 1e3, 2),
+            }
+            for wall, cpu, n in rounds
+        ],
+    }
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
