@@ -13,6 +13,10 @@ BENCHMARKS = {
         "bench.gateway.gateway",
         "the gateway's throughput and added latency (auth, limits, metering) over a stand-in engine",
     ),
+    "gateway-ab": (
+        "bench.gateway.ab",
+        "the gateway's CPU per request, source trees side by side in one sitting (e.g. a parent commit)",
+    ),
     "upstream-client": (
         "bench.gateway.upstream_client",
         "httpx against aiohttp for the gateway-to-engine hop",
