@@ -16,7 +16,10 @@ With ``--budgets``, it also measures what strict budgets cost in one sitting: tw
 tenant with the same rate limits, one with no budget, one with two (tokens per day, spend per month,
 priced), driven in turns (``--rounds`` rounds, the order alternating each round, so drift from other
 work on the machine falls on both alike); it reports each round's requests/s and CPU time per request
-and the ratio of the medians.
+and the ratio of the medians. With ``--callgrind`` as well, the gateway runs under valgrind's callgrind
+and each turn also reports the instructions the gateway executed per request: a count that, unlike
+CPU time, is the same on a busy machine as on an idle one (the gateway runs some 50 times slower, so
+use a few hundred ``--requests``).
 
 Prints one JSON object. ``python -m bench.gateway.gateway --requests 2000 --concurrency 1 64``
 """
@@ -132,6 +135,34 @@ def wait_http(url: str, process: subprocess.Popen[bytes], *, deadline_s: float =
         time.sleep(0.1)
 
 
+class Callgrind:
+    """Instructions a process runs under valgrind's callgrind, counted between marks
+    (``callgrind_control``: zero the counters, then dump them)."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def wrap(self, command: list[str]) -> list[str]:
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.directory}/cg.%p", *command]
+
+    def zero(self, pid: int) -> None:
+        subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+
+    def count(self, pid: int) -> int:
+        """Instructions since the last ``zero``."""
+        before = set(os.listdir(self.directory))
+        subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for name in sorted(set(os.listdir(self.directory)) - before):
+                with open(os.path.join(self.directory, name)) as dump:
+                    lines = dump.read().splitlines()
+                if any(line.startswith("totals:") for line in lines):  # written to the end
+                    return next(int(line.split()[1]) for line in lines if line.startswith("summary:"))
+            time.sleep(0.1)
+        raise RuntimeError("callgrind wrote no dump")
+
+
 def _median(values: list[float]) -> float:
     ordered = sorted(values)
     middle = len(ordered) // 2
@@ -166,6 +197,7 @@ def compare_budgets(
     requests: int,
     concurrency: int,
     rounds: int,
+    callgrind: Callgrind | None = None,
 ) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in keys}
     for name in keys:  # warm-up: connections, caches, the budgets' counters seeded
@@ -173,11 +205,15 @@ def compare_budgets(
     for round_index in range(rounds):
         order = list(keys) if round_index % 2 == 0 else list(reversed(keys))
         for name in order:
+            if callgrind is not None:
+                callgrind.zero(gateway_pid)
             cpu_before = process_cpu_s(gateway_pid)
             result = run_loop(drive(url, CHAT, keys[name], requests=requests, concurrency=concurrency))
             cpu_after = process_cpu_s(gateway_pid)
             if cpu_before is not None and cpu_after is not None:
                 result["gateway_cpu_ms_per_request"] = round((cpu_after - cpu_before) * 1000 / requests, 3)
+            if callgrind is not None:
+                result["gateway_instructions_per_request"] = round(callgrind.count(gateway_pid) / requests)
             runs[name].append(result)
     summary: dict[str, Any] = {"concurrency": concurrency, "rounds": rounds, "runs": runs}
     for name, results in runs.items():
@@ -185,7 +221,14 @@ def compare_budgets(
         cpu = [r["gateway_cpu_ms_per_request"] for r in results if "gateway_cpu_ms_per_request" in r]
         if cpu:
             summary[f"median_cpu_ms_{name}"] = _median(cpu)
+        instructions = [r["gateway_instructions_per_request"] for r in results if callgrind is not None]
+        if instructions:
+            summary[f"median_instructions_{name}"] = _median(instructions)
     summary["rps_ratio_two_over_none"] = round(summary["median_rps_two"] / summary["median_rps_none"], 4)
+    if callgrind is not None:
+        summary["instructions_ratio_two_over_none"] = round(
+            summary["median_instructions_two"] / summary["median_instructions_none"], 4
+        )
     if "median_cpu_ms_two" in summary and "median_cpu_ms_none" in summary:
         summary["cpu_ratio_two_over_none"] = round(
             summary["median_cpu_ms_two"] / summary["median_cpu_ms_none"], 4
@@ -193,7 +236,14 @@ def compare_budgets(
     return summary
 
 
-def run(requests: int, concurrencies: list[int], *, budgets: bool = False, rounds: int = 3) -> dict[str, Any]:
+def run(
+    requests: int,
+    concurrencies: list[int],
+    *,
+    budgets: bool = False,
+    rounds: int = 3,
+    callgrind: bool = False,
+) -> dict[str, Any]:
     admin_key = secrets.token_hex(24)
     children: list[subprocess.Popen[bytes]] = []
     load_before = os.getloadavg()
@@ -201,7 +251,9 @@ def run(requests: int, concurrencies: list[int], *, budgets: bool = False, round
         PostgresServer() as pg,
         RedisServer() as redis,
         tempfile.TemporaryFile() as gateway_log,
+        tempfile.TemporaryDirectory(prefix="tern-callgrind-") as dumps,
     ):
+        counter = Callgrind(dumps) if callgrind else None
         pg.create_database("tern")
         upgrade_database(pg.url("tern"))
         standin_port, gateway_port = free_port(), free_port()
@@ -217,12 +269,14 @@ def run(requests: int, concurrencies: list[int], *, budgets: bool = False, round
                 "TERN_LOG_LEVEL": "INFO",  # as deployed: one JSON access log line per request
             }
             command = [sys.executable, "-m", "tern_cli", "gateway", "--port", str(gateway_port)]
+            if counter is not None:
+                command = counter.wrap(command)
             gateway = subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, stdout=gateway_log, stderr=gateway_log
             )
             children.append(gateway)
             base = f"http://127.0.0.1:{gateway_port}"
-            wait_http(f"{base}/healthz", gateway)
+            wait_http(f"{base}/healthz", gateway, deadline_s=60 if counter is None else 900)
             admin = {"Authorization": f"Bearer {admin_key}"}
             tenant = httpx.post(f"{base}/admin/tenants", json={"name": "bench"}, headers=admin).json()
             key = httpx.post(
@@ -282,6 +336,7 @@ def run(requests: int, concurrencies: list[int], *, budgets: bool = False, round
                             requests=requests,
                             concurrency=concurrency,
                             rounds=rounds,
+                            callgrind=counter,
                         )
                     )
         except Exception:
@@ -291,7 +346,7 @@ def run(requests: int, concurrencies: list[int], *, budgets: bool = False, round
         finally:
             for child in reversed(children):
                 child.terminate()
-                child.wait(timeout=30)
+                child.wait(timeout=30 if counter is None else 300)
     out: dict[str, Any] = {
         "benchmark": "gateway",
         "machine": {
@@ -316,9 +371,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--budgets", action="store_true", help="also: two budgets on every request vs none")
     parser.add_argument("--rounds", type=int, default=3, help="turns of each key with --budgets")
+    parser.add_argument(
+        "--callgrind", action="store_true", help="with --budgets: count the gateway's instructions (valgrind)"
+    )
     args = parser.parse_args(argv)
     print(
-        json.dumps(run(args.requests, args.concurrency, budgets=args.budgets, rounds=args.rounds), indent=2)
+        json.dumps(
+            run(
+                args.requests,
+                args.concurrency,
+                budgets=args.budgets,
+                rounds=args.rounds,
+                callgrind=args.callgrind,
+            ),
+            indent=2,
+        )
     )
     return 0
 
