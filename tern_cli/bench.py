@@ -49,6 +49,10 @@ BENCHMARKS = {
         "bench.engine.cpu_linears",
         "the default model's CPU linears: torch's kernels against the C kernels",
     ),
+    "step-times": (
+        "bench.engine.step_times",
+        "one engine's steps one by one: CPU and wall ms by rows, the slowest steps, speculation on and off",
+    ),
     "ggml-linears": (
         "bench.engine.ggml_linears",
         "GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0) on the C kernels against the default model's q4_1",
