@@ -85,6 +85,9 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
         __m512i packed[4];
         /* four columns: one group, its blocks side by side (the column loop takes them four-aligned) */
         const uint8_t *group = w->qs + (CC == 4 ? n0 * nb + 4 * b : 0) * BLOCK_BYTES;
+        /* a prompt's tiles (compute bound) take the stream 1 KiB ahead into L1 (16 rows: 2.65 -> 2.13 ms for
+         * 2048 x 8192, one thread); one row's call is faster without (0.19 -> 0.22 ms with) */
+        for (int j = 0; j < 4 && CC == 4 && RR > 1; j++) _mm_prefetch((const char *)group + 1024 + 64 * j, _MM_HINT_T0);
         for (int j = 0; j < CC; j++)
             packed[j] = _mm512_loadu_si512(
                 (const void *)(CC == 4 ? group + j * BLOCK_BYTES : w->qs + block_index(w, n0 + j, b) * BLOCK_BYTES));
@@ -175,6 +178,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
             __m256i packed[2];
             for (int j = 0; j < CC; j++) {
                 const uint8_t *wb = w->qs + block_index(w, n0 + j, b) * BLOCK_BYTES + 32 * half;
+                if (RR > 1) _mm_prefetch((const char *)wb + 1024, _MM_HINT_T0); /* as the AVX-512 tile's */
                 packed[j] = _mm256_loadu_si256((const __m256i *)wb);
             }
             for (int g = 0; g < 4; g++) {
