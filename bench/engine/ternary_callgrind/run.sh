@@ -6,8 +6,8 @@
 set -eu
 HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../../engine/cpu"; OUT="$(mktemp -d)"
 FLAGS="-O3 -march=znver3 -fopenmp -std=c11 -I$CPU"
-cc $FLAGS "$HERE/tq2_probe.c" "$CPU/ternary_kernels.c" -o "$OUT/tq2" -lm
-cc $FLAGS "$HERE/tl1_probe.c" "$CPU/ternary_kernels.c" -o "$OUT/tl1" -lm
+cc $FLAGS "$HERE/tq2_probe.c" "$CPU/ternary_kernels.c" "$CPU/ternary_activations.c" -o "$OUT/tq2" -lm
+cc $FLAGS "$HERE/tl1_probe.c" "$CPU/ternary_kernels.c" "$CPU/ternary_activations.c" -o "$OUT/tl1" -lm
 count() { OMP_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null "$@" 2>&1 | awk '/Collected/{print $4}'; }
 per_mac() { python3 -c "print(round(($2 - $1) / 4 / $3, 4))"; }
 "$OUT/tl1" 1 0 >/dev/null  # checks the lookup-table result against plain integer math
