@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import sys
 from collections.abc import Sequence
 
 from engine.config import EngineConfig
+from engine.cpu.openmp import WAIT_POLICIES, restart_with_wait_policy
 from protocol.rpc import HEALTH_PATH, MODELS_PATH
 
 
@@ -99,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.speculative_max_batch,
         help="no speculation in steps with more running sequences than this (default: 3 on CPU, 4 on CUDA)",
     )
+    p.add_argument(
+        "--omp-wait-policy",
+        choices=WAIT_POLICIES,
+        help="OpenMP workers at a barrier: passive (the default, unless OMP_WAIT_POLICY is set) sleeps at "
+        "once, robust where anything else wants the cores; active spins (docs/engine.md, CPU threads)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 
@@ -127,6 +135,7 @@ class ProbeAccessFilter(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    restart_with_wait_policy(args.omp_wait_policy, sys.argv[1:] if argv is None else argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -4,6 +4,8 @@ only OpenMP pool of the process, with the configured team size."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 
@@ -72,3 +74,44 @@ def test_a_new_thread_takes_the_torch_thread_count_as_its_team_size() -> None:
     finally:
         torch.set_num_threads(previous)
     assert before > 1 and after == 1
+
+
+def _engine_wait_policy(flags: list[str], environ: dict[str, str]) -> tuple[list[str], str]:
+    """The OMP_WAIT_POLICY libgomp reports at each start of ``tern engine flags`` (its OMP_DISPLAY_ENV
+    lines: one per process image, a restart adds one), on a model that does not exist (it fails after)."""
+    env = (
+        {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+        | environ
+        | {"OMP_DISPLAY_ENV": "TRUE"}
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "tern_cli", "engine", *flags, "--model", "/no/such.gguf"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode != 0 and "/no/such.gguf" in result.stderr, result.stderr[-2000:]
+    reported = [
+        line.split("=")[1].strip() for line in result.stderr.splitlines() if "OMP_WAIT_POLICY =" in line
+    ]
+    return reported, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("flags", "environ", "expected"),
+    [
+        ([], {}, "'PASSIVE'"),  # the default, set before torch loads: one start, no restart
+        (["--omp-wait-policy", "active"], {}, "'ACTIVE'"),  # a flag restarts the process with it
+        ([], {"OMP_WAIT_POLICY": "active"}, "'ACTIVE'"),  # the environment's own is kept
+        (["--omp-wait-policy", "passive"], {"OMP_WAIT_POLICY": "active"}, "'PASSIVE'"),  # a flag wins
+    ],
+)
+def test_engine_runs_under_the_wait_policy_asked_for(
+    flags: list[str], environ: dict[str, str], expected: str
+) -> None:
+    """libgomp reads OMP_WAIT_POLICY once, when torch loads, before flags are parsed: ``tern engine``
+    must hand it the default or a flag's policy all the same (engine/cpu/openmp.py)."""
+    reported, stderr = _engine_wait_policy(flags, environ)
+    assert reported[-1] == expected, stderr
+    assert len(reported) == (1 if not flags else 2), stderr
