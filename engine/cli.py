@@ -104,8 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--omp-wait-policy",
         choices=WAIT_POLICIES,
-        help="OpenMP workers at a barrier: passive (the default, unless OMP_WAIT_POLICY is set) sleeps at "
-        "once, robust where anything else wants the cores; active spins (docs/engine.md, CPU threads)",
+        help="OpenMP workers at a barrier: passive sleeps at once (far steadier where other work shares "
+        "the cores, slower on an idle machine), active spins; default: OMP_WAIT_POLICY, else libgomp's "
+        "(spin, then sleep)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import uuid
 from collections.abc import Callable, Sequence
@@ -254,9 +253,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv and argv[0] in DELEGATED:
             import importlib
-
-            if argv[0] == "engine":  # libgomp reads it when torch loads (engine/cpu/openmp.py, WAIT_POLICIES)
-                os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
             return int(importlib.import_module(DELEGATED[argv[0]][0]).main(argv[1:]) or 0)
         args = build_parser().parse_args(argv)

@@ -64,28 +64,24 @@ def adopt_torch_thread_count() -> None:
 
 
 WAIT_POLICIES = ("active", "passive")
-"""``--omp-wait-policy``: libgomp's ``OMP_WAIT_POLICY``. Unset, a worker spins at a barrier (300,000
-times) before it sleeps, ``active`` spins without end, ``passive`` sleeps at once: a futex wake-up a
-parallel region, but no core burnt spinning while the thread it waits for is descheduled, which on a
-machine whose cores something else also wants (the client, the event loop, other processes) turns
-every one of a step's ~150 barriers into a scheduler slice. On a busy 2-core machine (load average
-6-10), a 1B Q4_K_M decode step at 2 threads: 92-185 ms of CPU, wall p50 133-575 ms and p99 1.2-2.2 s,
-one request 4x its neighbours, spinning; 31-39 ms of CPU, p50 39-76 ms and p99 41-162 ms passive
-(docs/engine.md, "The 1-stream stalls"). ``tern engine`` runs passive unless told otherwise."""
-DEFAULT_WAIT_POLICY = "passive"
+"""``--omp-wait-policy``: libgomp's ``OMP_WAIT_POLICY``. Unset (the default), a worker spins at a barrier
+(300,000 times) before it sleeps, ``active`` spins without end, ``passive`` sleeps at once: a futex
+wake-up a parallel region, but no core burnt spinning while the thread it waits for is descheduled,
+which on a machine whose cores something else also wants turns each of a step's ~150 barriers into a
+scheduler slice. Measured (docs/engine.md, "The 1-stream stalls"): on a busy 2-core machine a 1B Q4_K_M
+decode step at 2 threads took 92-185 ms of CPU and p99 1.2-2.2 s spinning, 31-39 ms and p99 41-162 ms
+passive; but near idle the default model's one-row step took 6.6 ms passive against 3.2 spinning (p50),
+so the default stays libgomp's and passive is for machines shared with other work."""
 
 
 def restart_with_wait_policy(policy: str | None, engine_argv: Sequence[str]) -> None:
     """Run ``tern engine`` again (``python -m engine.cli engine_argv``) with ``OMP_WAIT_POLICY`` set to
-    ``policy`` (None: the environment's if set, else :data:`DEFAULT_WAIT_POLICY`), unless the
-    environment already holds it: libgomp reads it once, when torch's import loads it, before any flag
-    is parsed (``tern_cli`` sets the default before it imports the engine, so no restart is the rule).
-    Returns only where no restart is needed."""
+    ``policy``, unless ``policy`` is None or the environment already holds it: libgomp reads it once,
+    when torch's import loads it, before any flag is parsed. Returns only where no restart is needed."""
     current = os.environ.get("OMP_WAIT_POLICY", "").lower()
-    wanted = policy or current or DEFAULT_WAIT_POLICY
-    if current == wanted:
+    if policy is None or current == policy:
         return
-    env = os.environ | {"OMP_WAIT_POLICY": wanted.upper()}
+    env = os.environ | {"OMP_WAIT_POLICY": policy.upper()}
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", "engine.cli", *engine_argv], env)
