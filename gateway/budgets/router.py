@@ -71,6 +71,7 @@ async def create_budget(
     request: Request, body: BudgetCreate, actor: AdminActor, session: DbSession
 ) -> BudgetStatus:
     row = await service.create_budget(session, actor=actor, body=body)
+    await service.drop_unkept_counter(session, _state(request).limits_redis, row)
     _state(request).request_limiter.policies.forget()  # this process at once, others within the cache TTL
     statuses = await _statuses(request, session, actor, row.tenant_id, row.key_id)
     return next(s for s in statuses if s.id == row.id)
@@ -80,6 +81,7 @@ async def create_budget(
 async def delete_budget(
     request: Request, budget_id: RowId, actor: AdminActor, session: DbSession
 ) -> Response:
-    await service.delete_budget(session, actor=actor, budget_id=budget_id)
+    row = await service.delete_budget(session, actor=actor, budget_id=budget_id)
+    await service.drop_unkept_counter(session, _state(request).limits_redis, row)
     _state(request).request_limiter.policies.forget()
     return Response(status_code=204)

@@ -109,8 +109,12 @@ class _Owned:
 
     @property
     def scope_name(self) -> str:
-        """``gateway.limits.schemas.Scope.name`` of the key or tenant scope."""
-        return f"key:{self.key_id}" if self.key_id is not None else f"tenant:{self.tenant_id}"
+        return _scope_name(self.tenant_id, self.key_id)
+
+
+def _scope_name(tenant_id: uuid.UUID, key_id: uuid.UUID | None) -> str:
+    """``gateway.limits.schemas.Scope.name`` of the key or tenant scope."""
+    return f"key:{key_id}" if key_id is not None else f"tenant:{tenant_id}"
 
 
 MONTHLY_FIELDS_SQL = """
@@ -145,6 +149,24 @@ async def _budgets_of(session: AsyncSession, tenant_id: uuid.UUID, key_id: uuid.
     if key_id is not None:
         owned = [o for o in owned if o.key_id == key_id]
     return owned
+
+
+async def drop_unkept_counter(
+    session: AsyncSession, redis: Redis, row: BudgetRow, *, day: date | None = None
+) -> None:
+    """Drop the current period's counter of ``row``'s scope when no other budget of that scope counts in
+    the same period. settle.lua adds to a counter only while some budget uses it, so once a scope's
+    last budget of a period is deleted its counter stops seeing usage; a budget created later in the
+    same period would then start from that stale count and could be overspent. Without the counter,
+    admission (and GET /admin/budgets) sums the period again from the usage rows in Postgres."""
+    others = [
+        owned
+        for owned in await _budgets_of(session, row.tenant_id, row.key_id)
+        if owned.key_id == row.key_id and owned.rule.period == row.period and owned.id != row.id
+    ]
+    if not others:
+        day = day or datetime.now(UTC).date()
+        await redis.delete(counter_key(_scope_name(row.tenant_id, row.key_id), row.period, day))  # type: ignore[arg-type]
 
 
 def _amount(metric: Metric, value: int) -> str:

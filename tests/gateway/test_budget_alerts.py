@@ -4,9 +4,11 @@ GET /admin/budgets; and a failed request's reservation given back."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,3 +161,44 @@ async def test_a_failed_request_gives_its_reservation_back_and_costs_nothing(
         await client.get("/admin/budgets", params={"tenant": tenant["id"]}, headers=admin_headers)
     ).json()["data"]
     assert (status["used"], status["reserved"]) == ("0", "0")
+
+
+async def test_a_budget_deleted_and_created_again_in_its_period_counts_what_ran_meanwhile(
+    app: Any,
+    client: httpx.AsyncClient,
+    admin_headers: dict[str, str],
+    create_tenant_and_key: Any,
+    fake_engine: FakeEngine,
+) -> None:
+    """While a scope has no budget of a period, settlements do not add to that period's counter: a
+    budget created again in the same period must not start from the count it had when deleted."""
+    recorder = gateway_state(app).usage_recorder
+    tenant, key, key_id = await create_tenant_and_key()
+    budget = {
+        "tenant_id": tenant["id"],
+        "key_id": key_id,
+        "metric": "tokens",
+        "period": "day",
+        "amount": 1000,
+    }
+
+    async def chat_once() -> None:
+        flushed = recorder.flushed
+        assert (await client.post("/v1/chat/completions", json=CHAT, headers=bearer(key))).status_code == 200
+        deadline = time.monotonic() + 30
+        while recorder.flushed <= flushed:  # the row is in Postgres before the budget is changed
+            assert time.monotonic() < deadline, "usage never reached Postgres"
+            await asyncio.sleep(0.05)
+
+    created = await client.post("/admin/budgets", json=budget, headers=admin_headers)
+    assert created.status_code == 201, created.text
+    await chat_once()
+    deleted = await client.delete(f"/admin/budgets/{created.json()['id']}", headers=admin_headers)
+    assert deleted.status_code == 204
+    for _ in range(2):
+        await chat_once()
+    assert (await client.post("/admin/budgets", json=budget, headers=admin_headers)).status_code == 201
+    [status] = (
+        await client.get("/admin/budgets", params={"tenant": tenant["id"]}, headers=admin_headers)
+    ).json()["data"]
+    assert status["used"] == str(3 * TOKENS_PER_REQUEST)
