@@ -14,7 +14,6 @@ call and the weight bytes each call reads per µs (GB/s), for every shape and ro
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -22,8 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bench.engine import cpu_model
-from bench.engine.kernels import git_commit
+from bench.engine.kernel_cli import kernel_bench_parser, kernels_ready, report
 from engine.cpu import kernels as cpu_kernels
 from engine.layers.packed_linear import Int4PackedCpuLinear, Int8PackedCpuLinear, Q4CpuLinear, Q8CpuLinear
 from engine.layers.quant.linear import Int4Linear
@@ -95,18 +93,9 @@ def decode_step_linears(rows_list: list[int], repeats: int, num_layers: int = 30
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 9, 16, 128])
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    if not cpu_kernels.available():
-        print(json.dumps({"error": "the C kernels cannot be built here (no C compiler)"}))
+    args = kernel_bench_parser(__doc__, rows=[1, 4, 9, 16, 128]).parse_args(argv)
+    if not kernels_ready(args.threads):
         return 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     results = []
     with torch.inference_mode():
@@ -131,17 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                     }
                 )
         step = decode_step_linears(args.rows, args.repeats)
-    report = {
-        "benchmark": "cpu_linears",
-        "cpu": cpu_model(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "q4_1_kernel": "vnni, tile by tile" if cpu_kernels.q4_1_tiled() else "row by row",
-        "commit": git_commit(),
-        "results": results,
-        "decode_step_linears": step,
-    }
-    print(json.dumps(report))
+    kernel = "vnni, tile by tile" if cpu_kernels.q4_1_tiled() else "row by row"
+    print(json.dumps(report("cpu_linears", q4_1_kernel=kernel, results=results, decode_step_linears=step)))
     return 0
 
 

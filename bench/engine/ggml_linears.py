@@ -20,7 +20,6 @@ serving does), ms per layer and GB/s of weight read, for a layer of each type an
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import time
@@ -29,9 +28,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bench.engine import cpu_model
 from bench.engine.cpu_linears import best_time
-from bench.engine.kernels import git_commit
+from bench.engine.kernel_cli import kernel_bench_parser, kernels_ready, report
 from engine.cpu import ggml_kernels
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import GGMLType
@@ -133,36 +131,18 @@ def per_layer(rows_list: list[int], num_layers: int, repeats: int) -> list[dict[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 512])
+    parser = kernel_bench_parser(__doc__, rows=[1, 16, 512])
     parser.add_argument(
         "--layers", type=int, default=4, help="decoder layers per kind in the per-layer figures"
     )
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-shapes", action="store_true", help="only the per-layer figures")
     args = parser.parse_args(argv)
-    if not cpu_kernels.available():
-        print(json.dumps({"error": "the C kernels cannot be built here (no C compiler)"}))
+    if not kernels_ready(args.threads):
         return 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
     with torch.inference_mode():
         shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats)
         layers = per_layer(args.rows, args.layers, args.repeats) if args.layers else []
-    report = {
-        "benchmark": "ggml_linears",
-        "cpu": cpu_model(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "tiled": cpu_kernels.q4_1_tiled(),
-        "threads": torch.get_num_threads(),
-        "commit": git_commit(),
-        "results": shapes,
-        "layers": layers,
-    }
-    print(json.dumps(report))
+    print(json.dumps(report("ggml_linears", tiled=cpu_kernels.q4_1_tiled(), results=shapes, layers=layers)))
     return 0
 
 

@@ -26,7 +26,6 @@ weight read a wall second and a CPU second (the CPU figure holds on a shared mac
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -34,10 +33,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from bench.engine import cpu_model
 from bench.engine.cpu_linears import best_time
-from bench.engine.kernels import git_commit
-from engine.cpu import kernels as cpu_kernels
+from bench.engine.kernel_cli import kernel_bench_parser, kernels_ready, report
 from engine.cpu import ternary
 from engine.layers.packed_linear import Q8CpuLinear
 from engine.layers.quant.linear import TernaryLinear
@@ -175,40 +172,22 @@ def streamed(rows_list: list[int], repeats: int, megabytes: int) -> list[dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch / OpenMP threads (default: torch's)")
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 128])
+    parser = kernel_bench_parser(__doc__, rows=[1, 16, 128])
     parser.add_argument(
         "--layers", type=int, default=4, help="decoder layers per model in the per-layer figures"
     )
-    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--streamed", type=int, default=0, metavar="MB", help="per shape, weights read from memory (0: off)"
     )
     parser.add_argument("--no-shapes", action="store_true", help="leave out the per-shape figures")
     args = parser.parse_args(argv)
-    if not cpu_kernels.available():
-        print(json.dumps({"error": "the C kernels cannot be built here (no C compiler)"}))
+    if not kernels_ready(args.threads):
         return 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
     with torch.inference_mode():
         shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats)
         layers = per_layer(args.rows, args.layers, args.repeats) if args.layers else []
         from_memory = streamed(args.rows, args.repeats, args.streamed) if args.streamed else []
-    report = {
-        "benchmark": "ternary_linears",
-        "cpu": cpu_model(),
-        "capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "commit": git_commit(),
-        "results": shapes,
-        "layers": layers,
-        "streamed": from_memory,
-    }
-    print(json.dumps(report))
+    print(json.dumps(report("ternary_linears", results=shapes, layers=layers, streamed=from_memory)))
     return 0
 
 
