@@ -144,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     phases.model_file = str(Path(config.model).resolve()) if config.model else str(default_model_path())
     loaded = load_for_engine(config)
     phases.mark("loaded")
-    engine = LLMEngine(
-        config,
-        model=loaded.model,
-        tokenizer=loaded.tokenizer,
-        model_config=loaded.config,
-        model_name=loaded.name,
-        steps_in_c=loaded.steps_in_c,
-    )
+    engine = LLMEngine.from_loaded(config, loaded)
     create_app(engine)
     pool = engine.runner.kv_cache
     pool_bytes = pool.numel() * pool.element_size()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -41,6 +41,9 @@ from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
 from engine.structured.grammar import GrammarCompiler
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.loader.load import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,11 @@ class LLMEngine:
         """Load the configured model (None: the default SmolLM2 GGUF) and build an engine on it."""
         from engine.loader.serving import load_for_engine
 
-        loaded = load_for_engine(config)
+        return cls.from_loaded(config, load_for_engine(config))
+
+    @classmethod
+    def from_loaded(cls, config: EngineConfig, loaded: LoadedModel) -> LLMEngine:
+        """An engine on a model the loader already loaded (``from_config`` without the loading)."""
         return cls(
             config,
             model=loaded.model,
