@@ -149,7 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     pool = engine.runner.kv_cache
     pool_bytes = pool.numel() * pool.element_size()
     phases.pool = (pool.data_ptr(), pool.data_ptr() + pool_bytes)
-    phases.mark("engine built", kv_pool_mb=round(pool_bytes / 2**20, 1), kv_blocks=engine.runner.num_blocks)
+    phases.mark(
+        "engine built",
+        kv_pool_mb=round(pool_bytes / 2**20, 1),
+        kv_blocks=engine.runner.num_blocks,
+        kv_tokens=engine.runner.num_blocks * engine.runner.block_size,
+        kv_dtype=str(pool.dtype).removeprefix("torch."),  # float16 on the C fast path, else the model's
+    )
     prompts = [loaded.tokenizer.encode_chat([{"role": "user", "content": p}]) for p in PROMPTS]
     seconds = run_streams(engine, prompts, args.warmup_requests, 1, args.max_tokens)
     phases.mark("warm-up, 1 stream", seconds=round(seconds, 1))
