@@ -58,6 +58,10 @@ BENCHMARKS = {
         "GGUF block types (Q4_K, Q5_K, Q6_K, Q8_0) on the C kernels against the default model's q4_1",
     ),
     "int4-quality": ("bench.engine.int4_quality", "perplexity of RTN and AWQ INT4 models against float"),
+    "gguf-quality": (
+        "bench.engine.gguf_quality",
+        "a GGUF served on the C kernels against the file dequantized to float32: perplexity, Paris",
+    ),
     "engine-memory": (
         "bench.engine.memory",
         "an engine's resident memory phase by phase: imports, weights, KV pool, heap, after 16 streams",

@@ -1,7 +1,8 @@
 """The C kernels for GGUF's own blocks, by GGML type: which ones run in their own layout
 (:data:`KERNEL_TYPES`), the ctypes calls (``kquant_kernels.c`` for Q4_K/Q5_K/Q6_K, ``quant_kernels.c``'s
 Q8_0 for Q8_0), and the plain reference each is tested against: gguf's dequantization, then a
-float64 matmul over the kernels' int16 activations (:func:`matmul_ref`).
+float64 matmul over the kernels' activations: int16 for the row-by-row kernels (:func:`matmul_ref`),
+llama.cpp's Q8_K for the AVX-512 VNNI tiles (:func:`matmul_ref_q8k`).
 
 A weight is the file's rows of blocks, uint8 ``[N, bytes per row]``, except Q8_0, which the kernel
 reads as int8 codes ``[N, K]`` and float16 scales ``[N, K / 32]`` (:func:`q8_0_from_blocks`: the same
@@ -73,6 +74,8 @@ def _lib() -> ctypes.CDLL:
     lib.tern_tile_q6_k.argtypes = [ptr, i64, i64]
     lib.tern_dequantize_q6_k_tiled.argtypes = [ptr, i64, ptr, i64, ptr]
     lib.tern_dequantize_q6_k_tiled.restype = None
+    lib.tern_quantize_rows_q8k.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
+    lib.tern_quantize_rows_q8k.restype = None
     return lib
 
 
@@ -205,6 +208,40 @@ def matmul_ref(x: torch.Tensor, blocks: np.ndarray | torch.Tensor, ggml_type: GG
     weight dequantized by gguf."""
     codes, scales, _ = kernels.quantize_rows_ref(x)
     rows = codes.double() * scales.double()[:, None]
+    return (rows @ dequantize_ref(blocks, ggml_type).double().t()).float()
+
+
+Q8K_BLOCK = 256
+
+
+def quantize_rows_q8k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tiles' activation quantizer (AVX-512 VNNI builds): x [M, K] -> int8 codes [M, K], a scale a
+    block of 256 [M, K / 256] and each 16 codes' sum [M, K / 16]."""
+    x = kernels._rows(x)
+    m, k = x.shape
+    codes = torch.empty(m, k, dtype=torch.int8)
+    scales = torch.empty(m, k // Q8K_BLOCK)
+    sums = torch.empty(m, k // 16, dtype=torch.int32)
+    _lib().tern_quantize_rows_q8k(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr())
+    return codes, scales, sums
+
+
+def quantize_rows_q8k_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize_rows_q8k` in plain torch (float32, as the C code): per block of 256, amax = max |x|,
+    d = amax / 127, q = round_half_even(x * (127 / amax)) clamped to +-127, 0 where amax is 0."""
+    m, k = x.shape
+    blocks = x.float().reshape(m, k // Q8K_BLOCK, Q8K_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
+    codes = torch.round(blocks * inv[..., None]).clamp(-127, 127).reshape(m, k)
+    return codes.to(torch.int8), amax / 127.0, codes.reshape(m, k // 16, 16).sum(-1).to(torch.int32)
+
+
+def matmul_ref_q8k(x: torch.Tensor, blocks: np.ndarray | torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
+    """The tiles' arithmetic in float64: x's Q8_K rows (:func:`quantize_rows_q8k_ref`; their integer
+    products are exact in the kernel) against the weight dequantized by gguf."""
+    codes, scales, _ = quantize_rows_q8k_ref(x)
+    rows = codes.double() * scales.double().repeat_interleave(Q8K_BLOCK, dim=1)
     return (rows @ dequantize_ref(blocks, ggml_type).double().t()).float()
 
 

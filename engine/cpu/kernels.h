@@ -42,16 +42,16 @@ typedef struct {
 void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s);
 int tern_kquant_rows(const float *x, int64_t M, int64_t K, TernRows *q);
 void tern_free_kquant_rows(TernRows *q);
-/* Those rows' int16 codes split for vpdpbusd, x = 256 high + low (high = x >> 8 signed, low = x & 255
- * unsigned), [M, K] each, and 32 * the sum of each 16 codes ([M, K/16]; Q6_K's -32). AVX-512 VNNI builds
- * only (q6_k_tiled_kernels.c). */
+/* Rows of x for the K-quant tiles (kquant_tiled_kernels.c, AVX-512 VNNI builds only): llama.cpp's Q8_K,
+ * int8 codes [M, K] with a scale a block of 256 (d [M, K/256]) and the exact sum of each 16 codes
+ * ([M, K/16]; Q6_K's -32 and Q4_K's mins). */
 typedef struct {
-    int8_t *high;
-    uint8_t *low;
-    int32_t *sums32;
-} TernSplitRows;
-int tern_split_rows(const TernRows *q, int64_t M, int64_t K, TernSplitRows *s);
-void tern_free_split_rows(TernSplitRows *s);
+    int8_t *qs;
+    float *d;
+    int32_t *sums;
+} TernQ8KRows;
+int tern_q8k_rows(const float *x, int64_t M, int64_t K, TernQ8KRows *q);
+void tern_free_q8k_rows(TernQ8KRows *q);
 /* Q4_K (q5 0) and Q5_K (q5 1) tile by tile (kquant_tiled_kernels.c; kernels.tern_q4_1_tiled() builds
  * only): w from ggml_kernels.tile. */
 int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);

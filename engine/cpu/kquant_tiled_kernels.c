@@ -11,11 +11,15 @@
  * Q5_K (ggml_kernels.tile: 176 bytes a row and super-block) adds [2304, 2816): the fifth bits, sub-block
  * j, chunks 4g .. 4g + 3 (32 bytes at 2304 + 64 j + 32 g): byte 2c + e holds at bit 2 (k - 4g) that of
  * element 4k + e, at bit 2 (k - 4g) + 1 that of element 4k + 2 + e.
- * A chunk widened to int16 meets a broadcast pair of a row's int16 codes in vpdpwssd: both products
- * into column c's int32 lane (exact: at most 32 * 15 * 32767 a sub-block). Per sub-block the 16
- * columns' scales d * sc_j and mins dmin * m_j are unpacked once for all rows (16 columns a vector),
- * then one FMA applies the scale and one takes the min against the row's block sum: every element
- * the same operations in the same order in any batch or thread count.
+ * Activations are llama.cpp's Q8_K (tern_q8k_rows below: int8, one scale a row's 256 elements, the
+ * super-block's), so vpdpbusd multiplies 64 codes (unsigned) by a row's 4 int8 activations (broadcast)
+ * into the 16 columns' int32 lanes: a chunk's 32 bytes widened to one 16-bit pair a lane and unpacked in
+ * two instructions to that column's elements 4k .. 4k + 3 in bytes; exact (a sub-block at most 32 * 31
+ * * 127). Per sub-block the 16 columns' scales d * sc_j and mins dmin * m_j are unpacked once for all
+ * rows (16 columns a vector), one FMA applies the scale and one takes the min against the row's 32-block
+ * sum, and per super-block one FMA the row's block scale: every element the same operations in the same
+ * order in any batch or thread count. (Before, int16 activations, one scale a row, and vpdpwssd: half
+ * the products an instruction; the prompt path is compute-bound, docs/engine.md.)
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -29,10 +33,49 @@
 #define Q4_TILE_BYTES 2304
 #define Q5_TILE_BYTES 2816
 
-static inline int32_t code_pair(const int16_t *codes) {
-    int32_t pair;
-    memcpy(&pair, codes, sizeof pair);
-    return pair;
+/* Rows of x as the K-quant tiles take them (kernels.h, TernQ8KRows): llama.cpp's Q8_K, int8 codes with
+ * one scale a block of 256 (a super-block's elements), absmax / 127:
+ *   d = amax / 127,  q = clamp(round_half_even(x * (127 / amax)), -127, 127)  (0 where amax is 0)
+ * with each 16 codes' exact sum. One multiply and one rounding an element, an exact max and integer
+ * sums: the bytes of the plain reference (ggml_kernels.quantize_rows_q8k_ref). */
+static void q8k_row(const float *x, int64_t K, int8_t *qs, float *d, int32_t *sums) {
+    for (int64_t b = 0; b < K / QK_K; b++) {
+        const float *xb = x + b * QK_K;
+        __m512 amax = _mm512_setzero_ps();
+        for (int e = 0; e < QK_K; e += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + e)));
+        const float m = _mm512_reduce_max_ps(amax);
+        d[b] = m / 127.0f;
+        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        for (int e = 0; e < QK_K; e += 16) {
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + e), inv));
+            q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+            _mm_storeu_si128((__m128i *)(qs + b * QK_K + e), _mm512_cvtepi32_epi8(q));
+            sums[(b * QK_K + e) / 16] = _mm512_reduce_add_epi32(q);
+        }
+    }
+}
+
+int tern_q8k_rows(const float *x, int64_t M, int64_t K, TernQ8KRows *q) {
+    q->qs = (int8_t *)malloc((size_t)(M * K));
+    q->d = (float *)malloc((size_t)(M * (K / QK_K)) * sizeof(float));
+    q->sums = (int32_t *)malloc((size_t)(M * (K / 16)) * sizeof(int32_t));
+    if (!q->qs || !q->d || !q->sums) return -1;
+#pragma omp parallel for schedule(static) if (M >= 4)
+    for (int64_t r = 0; r < M; r++) q8k_row(x + r * K, K, q->qs + r * K, q->d + r * (K / QK_K), q->sums + r * (K / 16));
+    return 0;
+}
+
+void tern_free_q8k_rows(TernQ8KRows *q) { free(q->qs), free(q->d), free(q->sums); }
+
+/* The quantizer alone, for the reference test: qs [M, K], d [M, K/256], sums [M, K/16]. */
+void tern_quantize_rows_q8k(const float *x, int64_t M, int64_t K, int8_t *qs, float *d, int32_t *sums) {
+    for (int64_t r = 0; r < M; r++) q8k_row(x + r * K, K, qs + r * K, d + r * (K / QK_K), sums + r * (K / 16));
+}
+
+static inline __m512i quad(const int8_t *bytes) {
+    int32_t four;
+    memcpy(&four, bytes, sizeof four);
+    return _mm512_set1_epi32(four);
 }
 
 /* The 16 columns' scale (sc) and min (m) of sub-block j from the byte-major packed bytes q[12]
@@ -52,10 +95,11 @@ static inline __attribute__((always_inline)) void scale_min(const __m128i *q, in
 
 static inline __m512 bytes_to_floats(__m128i bytes) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(bytes)); }
 
-static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t, const TernRows *x,
-                                                       int64_t r0, int64_t N, int64_t K, float *out, const int RR,
-                                                       const int Q5) {
+static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t,
+                                                       const TernQ8KRows *x, int64_t r0, int64_t N, int64_t K,
+                                                       float *out, const int RR, const int Q5) {
     const int64_t TILE_BYTES = Q5 ? Q5_TILE_BYTES : Q4_TILE_BYTES;
+    const __m512i nibbles = _mm512_set1_epi8(0x0F), fifths = _mm512_set1_epi8(0x10);
     __m512 acc[8];
     for (int i = 0; i < RR; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
@@ -64,6 +108,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
         const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + 32)));
         __m128i q[12];
         for (int b = 0; b < 12; b++) q[b] = _mm_loadu_si128((const __m128i *)(block + 64 + 16 * b));
+        __m512 part[8]; /* the super-block's sum in units of the row's block scale */
+        for (int i = 0; i < RR; i++) part[i] = _mm512_setzero_ps();
         for (int j = 0; j < 8; j++) {
             /* two super-blocks ahead, an eighth of one at a time: prefetches issued all at once at a
              * super-block's start stall the loads behind them (21 GB/s a core against 16, 1 row) */
@@ -73,40 +119,43 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
             scale_min(q, j, &sc, &m);
             const __m512 scale = _mm512_mul_ps(d, bytes_to_floats(sc)), min = _mm512_mul_ps(dmin, bytes_to_floats(m));
             const uint8_t *codes = block + 256 + 256 * j;
-            /* up to 4 rows, the high halves go to a second chain (integer sums: the same result), so a
-             * decode step's one row is not held up by the latency of one chain of 16 */
-            __m512i dots[8], highs[4];
+            /* up to 4 rows, odd chunks go to a second chain (integer sums: the same result), so a decode
+             * step's one row is not held up by the latency of one chain of 8 */
+            __m512i dots[8], odds[4];
             for (int i = 0; i < RR; i++) dots[i] = _mm512_setzero_si512();
-            for (int i = 0; i < RR && RR <= 4; i++) highs[i] = _mm512_setzero_si512();
+            for (int i = 0; i < RR && RR <= 4; i++) odds[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int k = 0; k < 8; k++) {
-                const __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(codes + 32 * k)));
-                __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
-                if (Q5) { /* bits 2 (k % 4) and 2 (k % 4) + 1 of the chunk group's byte, to bit 4 */
-                    const __m512i bits = _mm512_cvtepu8_epi16(
+                /* column c's bytes 2c, 2c + 1 (a, b) widened into its lane, a | b << 8, then to
+                 * lo(a) | lo(b) << 8 | hi(a) << 16 | hi(b) << 24: its elements 4k .. 4k + 3 in order */
+                const __m512i pair = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(codes + 32 * k)));
+                __m512i v = _mm512_ternarylogic_epi32(pair, _mm512_slli_epi32(pair, 12), nibbles, 0xA8); /* (A|B)&C */
+                if (Q5) { /* bit 2 (k % 4) of bytes 2c, 2c + 1 and bit 2 (k % 4) + 1 of them, to bit 4 of each byte */
+                    const __m512i bits = _mm512_cvtepu16_epi32(
                         _mm256_loadu_si256((const __m256i *)(block + Q4_TILE_BYTES + 64 * j + 32 * (k >> 2))));
-                    const __m512i fifth = _mm512_set1_epi16(0x10);
-                    low = _mm512_or_si512(low, _mm512_and_si512(_mm512_srli_epi16(_mm512_slli_epi16(bits, 4), 2 * (k & 3)), fifth));
-                    high = _mm512_or_si512(high, _mm512_and_si512(_mm512_srli_epi16(_mm512_slli_epi16(bits, 3), 2 * (k & 3)), fifth));
+                    const __m512i lowers = _mm512_srli_epi32(_mm512_slli_epi32(bits, 4), 2 * (k & 3));
+                    const __m512i uppers = _mm512_slli_epi32(bits, 19 - 2 * (k & 3));
+                    v = _mm512_or_si512(v, _mm512_ternarylogic_epi32(lowers, uppers, fifths, 0xA8));
                 }
                 for (int i = 0; i < RR; i++) {
-                    const int16_t *xs = x->qs + (r0 + i) * K + s * QK_K + 32 * j + 4 * k;
-                    dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xs)));
-                    if (RR <= 4)
-                        highs[i & 3] = _mm512_dpwssd_epi32(highs[i & 3], high, _mm512_set1_epi32(code_pair(xs + 2)));
+                    const __m512i xs = quad(x->qs + (r0 + i) * K + s * QK_K + 32 * j + 4 * k);
+                    if (RR <= 4 && (k & 1))
+                        odds[i & 3] = _mm512_dpbusd_epi32(odds[i & 3], v, xs);
                     else
-                        dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xs + 2)));
+                        dots[i] = _mm512_dpbusd_epi32(dots[i], v, xs);
                 }
             }
             for (int i = 0; i < RR; i++) {
-                const __m512i dot = RR <= 4 ? _mm512_add_epi32(dots[i], highs[i & 3]) : dots[i];
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
-                acc[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps(x->sums[(r0 + i) * (K / 32) + s * 8 + j]), acc[i]);
+                const __m512i dot = RR <= 4 ? _mm512_add_epi32(dots[i], odds[i & 3]) : dots[i];
+                const int32_t *sums = x->sums + (r0 + i) * (K / 16) + s * 16 + 2 * j;
+                part[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, part[i]);
+                part[i] = _mm512_fnmadd_ps(min, _mm512_set1_ps((float)(sums[0] + sums[1])), part[i]);
             }
         }
+        for (int i = 0; i < RR; i++)
+            acc[i] = _mm512_fmadd_ps(part[i], _mm512_set1_ps(x->d[(r0 + i) * (K / QK_K) + s]), acc[i]);
     }
-    for (int i = 0; i < RR; i++)
-        _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, _mm512_mul_ps(acc[i], _mm512_set1_ps(x->d[r0 + i])));
+    for (int i = 0; i < RR; i++) _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, acc[i]);
 }
 
 #define ROWS_LOOP(Q5)                                                                                      \
@@ -130,9 +179,9 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
 int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     if (K % QK_K || N % TILE_N) return -2;
     const int64_t nsb = K / QK_K, tiles = N / TILE_N;
-    TernRows q;
-    if (tern_kquant_rows(x, M, K, &q)) {
-        tern_free_kquant_rows(&q);
+    TernQ8KRows q;
+    if (tern_q8k_rows(x, M, K, &q)) {
+        tern_free_q8k_rows(&q);
         return -1;
     }
 #pragma omp parallel for schedule(guided)
@@ -142,7 +191,7 @@ int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint
         else
             ROWS_LOOP(0);
     }
-    tern_free_kquant_rows(&q);
+    tern_free_q8k_rows(&q);
     return 0;
 }
 #endif
@@ -189,6 +238,10 @@ int tern_tile_k(int q5, uint8_t *w, int64_t N, int64_t nsb) {
 }
 
 #ifndef TERN_Q4_TILED
+void tern_quantize_rows_q8k(const float *x, int64_t M, int64_t K, int8_t *qs, float *d, int32_t *sums) {
+    (void)x, (void)M, (void)K, (void)qs, (void)d, (void)sums; /* the tiles' quantizer: AVX-512 VNNI builds only */
+}
+
 int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     (void)q5, (void)x, (void)M, (void)K, (void)w, (void)N, (void)out;
     return -2; /* built only with AVX-512 VNNI (kernels.q4_1_tiled()) */

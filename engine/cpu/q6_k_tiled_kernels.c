@@ -10,12 +10,11 @@
  *                  from bit 0 up, those of elements 16h + e, 16h + 4 + e, 16h + 8 + e, 16h + 12 + e.
  * So a 64-byte vector of a scale's codes is 16 columns x 4 consecutive elements, as vpdpbusd takes them:
  * the 6-bit codes q are merged in bytes (four ands, shifts and ors a 256 codes) and never widened.
- * vpdpbusd multiplies unsigned by signed bytes, so a row's int16 codes x are split, x = 256 xh + xl
- * (xh = x >> 8 signed, xl = x & 255 unsigned), and q (0..63) is the unsigned operand against xh and the
- * signed one against xl: sum q x = 256 sum q xh + sum xl q, exactly; the -32 of q - 32 comes off as
- * 32 * the 16 codes' sum. That is the same integer per 16 elements and column as sum (q - 32) x (at most
- * 16 * 32 * 32767 in size; the parts at most 16 * 63 * 255), then one conversion and FMA by d * scale,
- * 16 columns a vector: every element the same operations in the same order in any batch or thread count.
+ * vpdpbusd multiplies unsigned by signed bytes: q (0..63) against the row's int8 Q8_K activations
+ * (kquant_tiled_kernels.c, tern_q8k_rows: a scale a block of 256), and the -32 of q - 32 comes off as 32 *
+ * the 16 activations' sum, exactly (at most 16 * 63 * 127 in size); then one conversion and FMA by d *
+ * scale a 16 elements, and one FMA by the row's block scale a super-block, 16 columns a vector: every
+ * element the same operations in the same order in any batch or thread count.
  * Also here: rows of such a weight dequantized (a tied embedding's lookups).
  */
 #include <stdint.h>
@@ -31,42 +30,14 @@
 #define HIGH_OFFSET 2336
 
 #ifdef TERN_Q4_TILED
-/* A row's int16 codes split for vpdpbusd (kernels.h, TernSplitRows). */
-int tern_split_rows(const TernRows *q, int64_t M, int64_t K, TernSplitRows *s) {
-    s->high = (int8_t *)malloc((size_t)(M * K));
-    s->low = (uint8_t *)malloc((size_t)(M * K));
-    s->sums32 = (int32_t *)malloc((size_t)(M * K / 16) * sizeof(int32_t));
-    if (!s->high || !s->low || !s->sums32) return -1;
-    for (int64_t r = 0; r < M; r++)
-        for (int64_t g = 0; g < K / 16; g++) {
-            int32_t sum = 0;
-            for (int e = 0; e < 16; e++) {
-                const int16_t v = q->qs[r * K + 16 * g + e];
-                s->high[r * K + 16 * g + e] = (int8_t)(v >> 8);
-                s->low[r * K + 16 * g + e] = (uint8_t)(v & 0xFF);
-                sum += v;
-            }
-            s->sums32[r * (K / 16) + g] = 32 * sum;
-        }
-    return 0;
-}
-
-void tern_free_split_rows(TernSplitRows *s) {
-    free(s->high);
-    free(s->low);
-    free(s->sums32);
-}
-
-typedef TernSplitRows SplitRows;
-
-static inline __m512i quad(const void *bytes) {
+static inline __m512i quad(const int8_t *bytes) {
     int32_t four;
     memcpy(&four, bytes, sizeof four);
     return _mm512_set1_epi32(four);
 }
 
-static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t, const TernRows *x,
-                                                       const SplitRows *sx, int64_t r0, int64_t N, int64_t K,
+static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t,
+                                                       const TernQ8KRows *x, int64_t r0, int64_t N, int64_t K,
                                                        float *out, const int RR) {
     __m512 acc[8];
     for (int i = 0; i < RR; i++) acc[i] = _mm512_setzero_ps();
@@ -74,6 +45,8 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        __m512 part[8]; /* the super-block's sum in units of the row's block scale */
+        for (int i = 0; i < RR; i++) part[i] = _mm512_setzero_ps();
 #pragma GCC unroll 2
         for (int h = 0; h < 16; h++) { /* elements 16h .. 16h + 15: scale h */
             /* two super-blocks ahead, a sixteenth of one at a time: prefetches issued all at once at a
@@ -93,54 +66,47 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
                                                _mm512_and_si512(_mm512_srli_epi16(hi, 2), top2));
             for (int i = 0; i < RR; i++) {
                 const int64_t at = (r0 + i) * K + s * QK_K + 16 * h;
-                const int8_t *xh = sx->high + at;
-                const uint8_t *xl = sx->low + at;
-                __m512i dh = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, quad(xh));
-                __m512i dl = _mm512_dpbusd_epi32(_mm512_setzero_si512(), quad(xl), q0);
-                dh = _mm512_dpbusd_epi32(dh, q1, quad(xh + 4));
-                dl = _mm512_dpbusd_epi32(dl, quad(xl + 4), q1);
-                dh = _mm512_dpbusd_epi32(dh, q2, quad(xh + 8));
-                dl = _mm512_dpbusd_epi32(dl, quad(xl + 8), q2);
-                dh = _mm512_dpbusd_epi32(dh, q3, quad(xh + 12));
-                dl = _mm512_dpbusd_epi32(dl, quad(xl + 12), q3);
-                const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(dh, 8), dl),
-                                                     _mm512_set1_epi32(sx->sums32[at / 16]));
-                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[i]);
+                const int8_t *xs = x->qs + at;
+                /* two chains of two: a decode step's one row is not held up by one chain's latency */
+                __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, quad(xs));
+                __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, quad(xs + 4));
+                even = _mm512_dpbusd_epi32(even, q2, quad(xs + 8));
+                odd = _mm512_dpbusd_epi32(odd, q3, quad(xs + 12));
+                const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(32 * x->sums[at / 16]));
+                part[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, part[i]);
             }
         }
+        for (int i = 0; i < RR; i++)
+            acc[i] = _mm512_fmadd_ps(part[i], _mm512_set1_ps(x->d[(r0 + i) * (K / QK_K) + s]), acc[i]);
     }
-    for (int i = 0; i < RR; i++)
-        _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, _mm512_mul_ps(acc[i], _mm512_set1_ps(x->d[r0 + i])));
+    for (int i = 0; i < RR; i++) _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, acc[i]);
 }
 
 /* out [M, N] = x [M, K] @ dequant(W)^T, W Q6_K in the tile layout above; N a multiple of 16. */
 int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     if (K % QK_K || N % TILE_N) return -2;
     const int64_t nsb = K / QK_K, tiles = N / TILE_N;
-    TernRows q;
-    SplitRows sx = {NULL, NULL, NULL};
-    if (tern_kquant_rows(x, M, K, &q) || tern_split_rows(&q, M, K, &sx)) {
-        tern_free_kquant_rows(&q);
-        tern_free_split_rows(&sx);
+    TernQ8KRows q;
+    if (tern_q8k_rows(x, M, K, &q)) {
+        tern_free_q8k_rows(&q);
         return -1;
     }
 #pragma omp parallel for schedule(guided)
     for (int64_t t = 0; t < tiles; t++) {
         int64_t r0 = 0;
-        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, &sx, r0, N, K, out, 8);
+        for (; r0 + 8 <= M; r0 += 8) tile(w, nsb, t, &q, r0, N, K, out, 8);
         switch (M - r0) {
-        case 7: tile(w, nsb, t, &q, &sx, r0, N, K, out, 7); break;
-        case 6: tile(w, nsb, t, &q, &sx, r0, N, K, out, 6); break;
-        case 5: tile(w, nsb, t, &q, &sx, r0, N, K, out, 5); break;
-        case 4: tile(w, nsb, t, &q, &sx, r0, N, K, out, 4); break;
-        case 3: tile(w, nsb, t, &q, &sx, r0, N, K, out, 3); break;
-        case 2: tile(w, nsb, t, &q, &sx, r0, N, K, out, 2); break;
-        case 1: tile(w, nsb, t, &q, &sx, r0, N, K, out, 1); break;
+        case 7: tile(w, nsb, t, &q, r0, N, K, out, 7); break;
+        case 6: tile(w, nsb, t, &q, r0, N, K, out, 6); break;
+        case 5: tile(w, nsb, t, &q, r0, N, K, out, 5); break;
+        case 4: tile(w, nsb, t, &q, r0, N, K, out, 4); break;
+        case 3: tile(w, nsb, t, &q, r0, N, K, out, 3); break;
+        case 2: tile(w, nsb, t, &q, r0, N, K, out, 2); break;
+        case 1: tile(w, nsb, t, &q, r0, N, K, out, 1); break;
         default: break;
         }
     }
-    tern_free_kquant_rows(&q);
-    tern_free_split_rows(&sx);
+    tern_free_q8k_rows(&q);
     return 0;
 }
 #else
