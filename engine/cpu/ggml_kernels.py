@@ -221,7 +221,7 @@ def quantize_rows_q8k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torc
     m, k = x.shape
     codes = torch.empty(m, k, dtype=torch.int8)
     scales = torch.empty(m, k // Q8K_BLOCK)
-    sums = torch.empty(m, k // 16, dtype=torch.int32)
+    sums = torch.empty(m, k // 16, dtype=torch.int16)
     _lib().tern_quantize_rows_q8k(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), sums.data_ptr())
     return codes, scales, sums
 
@@ -234,7 +234,7 @@ def quantize_rows_q8k_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, 
     amax = blocks.abs().amax(dim=-1)
     inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros_like(amax))
     codes = torch.round(blocks * inv[..., None]).clamp(-127, 127).reshape(m, k)
-    return codes.to(torch.int8), amax / 127.0, codes.reshape(m, k // 16, 16).sum(-1).to(torch.int32)
+    return codes.to(torch.int8), amax / 127.0, codes.reshape(m, k // 16, 16).sum(-1).to(torch.int16)
 
 
 def matmul_ref_q8k(x: torch.Tensor, blocks: np.ndarray | torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:

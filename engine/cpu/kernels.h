@@ -43,12 +43,13 @@ void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float
 int tern_kquant_rows(const float *x, int64_t M, int64_t K, TernRows *q);
 void tern_free_kquant_rows(TernRows *q);
 /* Rows of x for the K-quant tiles (kquant_tiled_kernels.c, AVX-512 VNNI builds only): llama.cpp's Q8_K,
- * int8 codes [M, K] with a scale a block of 256 (d [M, K/256]) and the exact sum of each 16 codes
- * ([M, K/16]; Q6_K's -32 and Q4_K's mins). */
+ * int8 codes [M, K] with a scale a block of 256 (d [M, K/256]) and the exact sums of each 16 and each
+ * 32 codes. */
 typedef struct {
     int8_t *qs;
     float *d;
-    int32_t *sums;
+    int16_t *sums;   /* each 16 codes' sum ([M, K/16], at most 16 * 127: Q6_K's -32, paired for vpdpwssd) */
+    int16_t *sums32; /* each 32 codes' sum ([M, K/32]; Q4_K's and Q5_K's mins, paired for vpdpwssd) */
 } TernQ8KRows;
 int tern_q8k_rows(const float *x, int64_t M, int64_t K, TernQ8KRows *q);
 void tern_free_q8k_rows(TernQ8KRows *q);

@@ -11,9 +11,10 @@
  * So a 64-byte vector of a scale's codes is 16 columns x 4 consecutive elements, as vpdpbusd takes them:
  * the 6-bit codes q are merged in bytes (four ands, shifts and ors a 256 codes) and never widened.
  * vpdpbusd multiplies unsigned by signed bytes: q (0..63) against the row's int8 Q8_K activations
- * (kquant_tiled_kernels.c, tern_q8k_rows: a scale a block of 256), and the -32 of q - 32 comes off as 32 *
- * the 16 activations' sum, exactly (at most 16 * 63 * 127 in size); then one conversion and FMA by d *
- * scale a 16 elements, and one FMA by the row's block scale a super-block, 16 columns a vector: every
+ * (kquant_tiled_kernels.c, tern_q8k_rows: a scale a block of 256), exactly (at most 16 * 63 * 127), then
+ * one conversion and FMA by d * scale a 16 elements; the -32 of q - 32 comes off once a super-block, in
+ * integers, 32 sum_h sc_h (the row's 16-sum h) (the columns' scales in pairs against the row's sums,
+ * vpdpwssd), by one FMA with 32 d, and one FMA by the row's block scale, 16 columns a vector: every
  * element the same operations in the same order in any batch or thread count.
  * Also here: rows of such a weight dequantized (a tied embedding's lookups).
  */
@@ -45,6 +46,14 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        /* the -32 comes off once a super-block, in integers: 32 sum_h sc_h (row's 16-sum h), the 16 columns'
+         * sc_h of two scales paired in a lane against the row's two sums (vpdpwssd) */
+        __m512i scales[8];
+        for (int p = 0; p < 8; p++) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(block + 32 + 32 * p));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(block + 48 + 32 * p));
+            scales[p] = _mm512_cvtepi8_epi16(_mm256_set_m128i(_mm_unpackhi_epi8(a, b), _mm_unpacklo_epi8(a, b)));
+        }
         __m512 part[8]; /* the super-block's sum in units of the row's block scale */
         for (int i = 0; i < RR; i++) part[i] = _mm512_setzero_ps();
 #pragma GCC unroll 2
@@ -65,19 +74,31 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
             const __m512i q3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), low4),
                                                _mm512_and_si512(_mm512_srli_epi16(hi, 2), top2));
             for (int i = 0; i < RR; i++) {
-                const int64_t at = (r0 + i) * K + s * QK_K + 16 * h;
-                const int8_t *xs = x->qs + at;
-                /* two chains of two: a decode step's one row is not held up by one chain's latency */
-                __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, quad(xs));
-                __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, quad(xs + 4));
-                even = _mm512_dpbusd_epi32(even, q2, quad(xs + 8));
-                odd = _mm512_dpbusd_epi32(odd, q3, quad(xs + 12));
-                const __m512i dot = _mm512_sub_epi32(_mm512_add_epi32(even, odd), _mm512_set1_epi32(32 * x->sums[at / 16]));
+                const int8_t *xs = x->qs + (r0 + i) * K + s * QK_K + 16 * h;
+                __m512i dot;
+                if (RR <= 4) { /* two chains: a decode step's one row is not held up by one chain's latency */
+                    __m512i even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, quad(xs));
+                    __m512i odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q1, quad(xs + 4));
+                    even = _mm512_dpbusd_epi32(even, q2, quad(xs + 8));
+                    odd = _mm512_dpbusd_epi32(odd, q3, quad(xs + 12));
+                    dot = _mm512_add_epi32(even, odd);
+                } else {
+                    dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q0, quad(xs));
+                    dot = _mm512_dpbusd_epi32(dot, q1, quad(xs + 4));
+                    dot = _mm512_dpbusd_epi32(dot, q2, quad(xs + 8));
+                    dot = _mm512_dpbusd_epi32(dot, q3, quad(xs + 12));
+                }
                 part[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, part[i]);
             }
         }
-        for (int i = 0; i < RR; i++)
+        const __m512 d32 = _mm512_mul_ps(d, _mm512_set1_ps(32.0f));
+        for (int i = 0; i < RR; i++) {
+            const int16_t *sums = x->sums + (r0 + i) * (K / 16) + s * 16;
+            __m512i offset = _mm512_dpwssd_epi32(_mm512_setzero_si512(), scales[0], quad((const int8_t *)sums));
+            for (int p = 1; p < 8; p++) offset = _mm512_dpwssd_epi32(offset, scales[p], quad((const int8_t *)(sums + 2 * p)));
+            part[i] = _mm512_fnmadd_ps(d32, _mm512_cvtepi32_ps(offset), part[i]);
             acc[i] = _mm512_fmadd_ps(part[i], _mm512_set1_ps(x->d[(r0 + i) * (K / QK_K) + s]), acc[i]);
+        }
     }
     for (int i = 0; i < RR; i++) _mm512_storeu_ps(out + (r0 + i) * N + t * TILE_N, acc[i]);
 }
