@@ -37,6 +37,20 @@ def ternary(rng: np.random.Generator, rows: int, columns: int) -> np.ndarray:
     return (values.astype(np.float16) * np.float16(2.0**-6)).astype(np.float16)
 
 
+def linear_shapes(hidden: int = HIDDEN, ffn: int = FFN) -> dict[str, tuple[int, int]]:
+    """A layer's linears, GGUF role -> [out, in]."""
+    head_dim = hidden // HEADS
+    return {
+        "attn_q": (HEADS * head_dim, hidden),
+        "attn_k": (KV_HEADS * head_dim, hidden),
+        "attn_v": (KV_HEADS * head_dim, hidden),
+        "attn_output": (hidden, HEADS * head_dim),
+        "ffn_gate": (ffn, hidden),
+        "ffn_up": (ffn, hidden),
+        "ffn_down": (hidden, ffn),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -90,16 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             ("ffn_sub_norm", FFN),
         ):
             writer.add_tensor(prefix + norm + ".weight", np.ones(width, np.float32))
-        shapes = {
-            "attn_q": (HEADS * head_dim, HIDDEN),
-            "attn_k": (KV_HEADS * head_dim, HIDDEN),
-            "attn_v": (KV_HEADS * head_dim, HIDDEN),
-            "attn_output": (HIDDEN, HEADS * head_dim),
-            "ffn_gate": (FFN, HIDDEN),
-            "ffn_up": (FFN, HIDDEN),
-            "ffn_down": (HIDDEN, FFN),
-        }
-        for role, (rows, columns) in shapes.items():
+        for role, (rows, columns) in linear_shapes().items():
             writer.add_tensor(prefix + role + ".weight", ternary(rng, rows, columns))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -148,6 +148,11 @@ class _Checkpoint:
     asked; directories ignore it."""
 
 
+def load_config(path: str | Path | None = None) -> ModelConfig:
+    """Only the model config of a model path, without reading weights."""
+    return _open(path).config
+
+
 def _open(path: str | Path | None) -> _Checkpoint:
     path = default_model_path() if path is None else Path(path)
     if path.is_dir():

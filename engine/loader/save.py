@@ -85,7 +85,7 @@ def save_hf_dir(
         _copy_non_weight_files(source, out)
     else:
         hf_config = hf_config_dict(config)
-        _write_tokenizer(out, config, tokenizer)
+        write_tokenizer(out, config, tokenizer)
     _write_json(out / "config.json", {**hf_config, **config_updates})
     save_file(
         {name: t.detach().to("cpu").contiguous() for name, t in tensors.items()},
@@ -101,7 +101,8 @@ def _copy_non_weight_files(source: Path, out: Path) -> None:
             shutil.copy(item, out / item.name)
 
 
-def _write_tokenizer(out: Path, config: ModelConfig, tokenizer: Tokenizer) -> None:
+def write_tokenizer(out: Path, config: ModelConfig, tokenizer: Tokenizer) -> None:
+    """`tokenizer.json`, `tokenizer_config.json` and `generation_config.json` of a loaded model."""
     tokenizer.backend.save(str(out / "tokenizer.json"))
     special = {name: token for name, token in tokenizer.special_tokens.items() if token is not None}
     _write_json(

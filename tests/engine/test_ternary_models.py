@@ -280,3 +280,22 @@ def test_the_engine_serves_a_tq2_0_gguf_on_the_ternary_kernel_by_default(tmp_pat
     assert isinstance(model.model.layers[0].mlp.gate_up_proj, TernaryCpuLinear)
     assert model.model.decode_kernel is not None and engine.steps_in_c
     assert len(tokens_of(run(engine, request("a", [3, 70, 101], max_tokens=4, ignore_eos=True))["a"])) == 4
+
+
+@torch.no_grad()
+def test_the_bitnet_benchmark_generators_checkpoint_loads_into_the_ternary_kernel(tmp_path: Path) -> None:
+    """``bench.engine.make_bitnet_hf`` (2B-4T's layout: bfloat16 one-element ``weight_scale``,
+    ``autobitlinear``, bfloat16 embeddings and norms) at a small width: every linear on the C kernel,
+    the torch path's logits bit for bit and its greedy tokens."""
+    from bench.engine.make_bitnet_hf import write_bitnet_hf
+
+    path = write_bitnet_hf(tmp_path / "bitnet", layers=2, hidden=320, ffn=512)
+    fast = load_model(path, "cpu", torch.float32, progress=False, keep_gguf_int4=True)
+    reference = load_model(path, "cpu", torch.float32, progress=False)
+    assert sum(isinstance(m, TernaryCpuLinear) for m in fast.model.modules()) == 7 * 2
+    assert sum(isinstance(m, TernaryLinear) for m in reference.model.modules()) == 7 * 2
+    prompt = [1, 20, 30, 42, 7, 9, 12]
+    tokens, logits = greedy(fast.model, prompt)
+    reference_tokens, reference_logits = greedy(reference.model, prompt)
+    assert torch.equal(logits, reference_logits)
+    assert tokens == reference_tokens
