@@ -8,6 +8,8 @@ only when every used one is taken. The pool is a mapping of zero pages that cost
 (``model_runner._zeroed_pool``), so its resident part stays the most blocks ever in use at once; a
 queue handed out every block of the pool in turn, and a 64-request run left all of it resident
 (188 MB for the default model where 80 MB were ever needed at once: docs/engine.md, "Memory").
+Blocks are first handed out in index order, so the blocks ever written are ``0 .. num_written - 1``
+and the never-written ones are the bottom of the stack.
 """
 
 from __future__ import annotations
@@ -26,10 +28,17 @@ class BlockAllocator:
         self.num_blocks = num_blocks
         self._refcounts = [0] * num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 on top
+        self.num_written = 0
+        """Blocks ever handed out: the pool's resident part (its other pages were never touched)."""
 
     @property
     def num_free(self) -> int:
         return len(self._free)
+
+    @property
+    def num_free_written(self) -> int:
+        """Free blocks written before: handed out ahead of never-written ones, at no memory cost."""
+        return len(self._free) - (self.num_blocks - self.num_written)
 
     def refcount(self, block: int) -> int:
         return self._refcounts[block]
@@ -41,6 +50,7 @@ class BlockAllocator:
         blocks = [self._free.pop() for _ in range(n)]
         for b in blocks:
             self._refcounts[b] = 1
+            self.num_written = max(self.num_written, b + 1)
         return blocks
 
     def incref(self, blocks: Iterable[int]) -> None:

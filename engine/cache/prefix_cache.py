@@ -38,10 +38,22 @@ class _CacheHandle:
 class PrefixCachingBlockManager(BlockManager):
     caches_prefixes = True
 
-    def __init__(self, allocator: BlockAllocator, block_size: int, *, model_name: str) -> None:
+    def __init__(
+        self,
+        allocator: BlockAllocator,
+        block_size: int,
+        *,
+        model_name: str,
+        resident_blocks: int | None = None,
+    ) -> None:
         super().__init__(allocator, block_size)
         self.model_name = model_name
         self.cache = RadixCache(allocator, block_size)
+        self.resident_blocks = allocator.num_blocks // 2 if resident_blocks is None else resident_blocks
+        """How far the cache lets the written part of the pool grow: past it, a new block is one the
+        cache evicts (least recently used) before a never-written one. Without it every new prompt
+        took a fresh block while the cache kept the old ones, until the whole pool was resident
+        (docs/engine.md, "Resident memory"). Running sequences may still use the whole pool."""
 
     def namespace(self, seq: CachedSequence) -> tuple[str, str | None]:
         return (self.model_name, seq.cache_namespace)
@@ -68,6 +80,7 @@ class PrefixCachingBlockManager(BlockManager):
 
     def allocate(self, seq: CachedSequence, num_new_tokens: int) -> None:
         self._insert_computed(seq)
+        self._reuse_before_growing(self.num_missing_blocks(seq, num_new_tokens))
         super().allocate(seq, num_new_tokens)
 
     def release(self, seq: CachedSequence) -> None:
@@ -83,9 +96,18 @@ class PrefixCachingBlockManager(BlockManager):
     def _reclaim(self, num_blocks: int) -> None:
         self.cache.evict(num_blocks)
 
+    def _reuse_before_growing(self, num_new_blocks: int) -> None:
+        """Evict cached blocks for what would take never-written ones past ``resident_blocks``."""
+        fresh = num_new_blocks - self.allocator.num_free_written
+        over = self.allocator.num_written + fresh - self.resident_blocks
+        evict = min(fresh, over, self.num_reclaimable_blocks())
+        if evict > 0:
+            self._reclaim(evict)
+
     def _take_one_block(self) -> int | None:
         """A fresh block for copy-on-write, evicting if needed; None when there is none to have."""
         try:
+            self._reuse_before_growing(1)
             if self.num_free_blocks == 0:
                 self._reclaim(1)
             return self.allocator.allocate(1)[0]

@@ -6,6 +6,7 @@ import pytest
 
 from engine.cache.block_allocator import BlockAllocator, NoFreeBlocksError
 from engine.cache.block_manager import BlockManager
+from engine.cache.prefix_cache import PrefixCachingBlockManager
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
 
@@ -67,3 +68,35 @@ def test_blocks_used_before_are_handed_out_before_unused_ones() -> None:
     first = allocator.allocate(2)
     allocator.decref([first[0]])
     assert allocator.allocate(1) == [first[0]]  # the block freed last comes back first
+
+
+def test_the_prefix_cache_reuses_its_blocks_before_growing_the_written_pool() -> None:
+    # Distinct prompts, one after another: the cache keeps each finished prompt's blocks. Past
+    # `resident_blocks` written blocks, a new prompt takes blocks the cache evicts (least recently
+    # used) instead of never-written ones, so the pool's resident part stops growing; a sequence
+    # that needs more than that still gets the whole pool.
+    allocator = BlockAllocator(32)
+    manager = PrefixCachingBlockManager(allocator, block_size=4, model_name="m", resident_blocks=8)
+    for i in range(10):
+        seq = Sequence(f"r{i}", [1000 * i + t for t in range(8)], SamplingParams(), max_tokens=8)
+        manager.allocate(seq, 8)
+        seq.num_computed_tokens = 8
+        manager.free(seq)  # its 2 blocks stay in the cache
+    assert allocator.num_written == 8
+    assert manager.num_reclaimable_blocks() == 8  # the last 4 prompts, still cached
+    newest = Sequence("again", [9000 + t for t in range(8)] + [7], SamplingParams(), max_tokens=8)
+    assert manager.cached_prefix_len(newest) == 8
+    long = make_seq(32 * 4)
+    manager.allocate(long, 32 * 4)
+    assert allocator.num_written == 32 and allocator.num_free == 0
+
+
+def test_without_a_cap_reached_the_prefix_cache_keeps_what_it_holds() -> None:
+    allocator = BlockAllocator(32)
+    manager = PrefixCachingBlockManager(allocator, block_size=4, model_name="m")  # 16 blocks
+    for i in range(8):
+        seq = Sequence(f"r{i}", [1000 * i + t for t in range(8)], SamplingParams(), max_tokens=8)
+        manager.allocate(seq, 8)
+        seq.num_computed_tokens = 8
+        manager.free(seq)
+    assert allocator.num_written == 16 and manager.num_reclaimable_blocks() == 16
