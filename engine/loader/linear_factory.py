@@ -57,6 +57,7 @@ from engine.layers.attention_backends import CDecode
 from engine.layers.ggml_linear import GgmlLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.packed_linear import (
+    Bf16Embedding,
     Int4PackedCpuLinear,
     Int8PackedCpuLinear,
     MklPackedLinear,
@@ -148,8 +149,9 @@ class Installed:
 def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
     """Replace ``model``'s CPU linears by ``kernels``' modules, in place (module weights on CPU; float
     linears only in the model's own dtype). With ``C_F32`` the norms, activation and decode attention
-    take their C kernels too, a tied embedding is looked up from a Q8_0 lm_head's blocks where they
-    give it back exactly, and Llama layers get the one-call decode kernel."""
+    take their C kernels too, an embedding is looked up from a tied Q8_0 lm_head's blocks where they
+    give it back exactly, else kept in bfloat16 where that holds it exactly, and Llama layers get the
+    one-call decode kernel."""
     dtype = activation_dtype(model)
     if kernels in FUSES_PROJECTIONS and isinstance(model, FusesProjections):
         model.fuse_projections()
@@ -172,19 +174,34 @@ def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
         if isinstance(module, RMSNorm | SiluAndMul):
             module.c_kernel = True
     set_decode_backend(model, CDecode())
-    _embed_from_q8_head(model)
+    _compact_embeddings(model)
     from engine.models.llama_decode_kernel import attach_decoder_kernels
 
     return Installed(replaced, steps_in_c=attach_decoder_kernels(model))
 
 
-def _embed_from_q8_head(model: nn.Module) -> None:
-    """Swap a tied embedding for a :class:`Q8Embedding` on its lm_head's blocks, where they give it
-    back exactly; the float32 table is then freed."""
+def _compact_embeddings(model: nn.Module) -> None:
+    """Swap an embedding for a :class:`Q8Embedding` on its tied lm_head's blocks where they give it
+    back exactly (a GGUF's Q8_0 table), else for a :class:`Bf16Embedding` where bfloat16 does (a bf16
+    checkpoint's table beside its head's Q8_0 copy); the float32 table is then freed. Every input row
+    stays bit for bit what it was."""
     embeddings = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Embedding)]
     heads = [m for m in model.modules() if isinstance(m, Q8CpuLinear)]
     for name, embedding in embeddings:
-        for head in heads:
-            if Q8Embedding.represents(head, embedding.weight.detach()):
-                model.set_submodule(name, Q8Embedding(head))
-                break
+        table = embedding.weight.detach()
+        head = next((h for h in heads if Q8Embedding.represents(h, table)), None)
+        if head is not None:
+            model.set_submodule(name, Q8Embedding(head))
+        elif not _shared(model, embedding) and Bf16Embedding.represents(table):
+            model.set_submodule(name, Bf16Embedding(table))
+
+
+def _shared(model: nn.Module, embedding: nn.Embedding) -> bool:
+    """Whether another module still holds the embedding's float table (a tied head left in float):
+    a bfloat16 copy would then add to it, not replace it."""
+    return any(
+        p is embedding.weight
+        for m in model.modules()
+        if m is not embedding
+        for p in m.parameters(recurse=False)
+    )

@@ -15,6 +15,7 @@ from engine.cpu import kernels
 from engine.layers.attention_backends import CDecode, TorchDecode
 from engine.layers.context import make_context, reset_context, set_context
 from engine.layers.packed_linear import (
+    Bf16Embedding,
     Int4PackedCpuLinear,
     Q4CpuLinear,
     Q8CpuLinear,
@@ -260,25 +261,30 @@ def fast_tiny_model(attention_bias: bool) -> LlamaForCausalLM:
     return model
 
 
-@pytest.mark.parametrize("q8_table", [True, False])
-def test_a_tied_q8_0_embedding_is_looked_up_from_the_lm_head_blocks(q8_table: bool) -> None:
+@pytest.mark.parametrize("table_kind", ["q8_0", "bf16", "float32"])
+def test_a_tied_embedding_is_kept_in_the_smallest_form_that_gives_it_back_exactly(table_kind: str) -> None:
     """Where the lm_head's Q8_0 blocks give the embedding table back exactly (a GGUF's tied Q8_0
-    embedding), rows are dequantized from them and the float table goes; a table they only
-    approximate stays as it is, so the inputs never change."""
+    embedding), rows are dequantized from them; where bfloat16 holds every value (a bf16 checkpoint's
+    table, as an HF BitNet model's) the table is kept in bfloat16; either way the float32 table goes. A
+    table neither gives back stays as it is, so the inputs never change."""
     model, _ = make_tiny_model(tie_word_embeddings=True)
     table = model.model.embed_tokens.weight
-    if q8_table:
-        with torch.no_grad():
+    with torch.no_grad():
+        if table_kind == "q8_0":
             codes, scales = kernels.quantize_q8_0(table)
             table.copy_((codes.float().unflatten(1, (-1, 32)) * scales.float()[..., None]).flatten(1))
+        elif table_kind == "bf16":
+            table.copy_(table.bfloat16().float())
     expected = table.detach().clone()
     install_cpu_kernels(model, CpuKernels.C_F32)
     embedding = model.model.embed_tokens
     assert isinstance(model.lm_head, Q8CpuLinear)
-    assert isinstance(embedding, Q8Embedding) == q8_table
+    kinds = {"q8_0": Q8Embedding, "bf16": Bf16Embedding, "float32": nn.Embedding}
+    assert type(embedding) is kinds[table_kind]
     assert activation_dtype(model) == torch.float32
     ids = torch.tensor([[0, 5, 258], [7, 7, 1]])
-    assert torch.equal(embedding(ids), expected[ids])
+    out = embedding(ids)
+    assert out.dtype == torch.float32 and torch.equal(out, expected[ids])
 
 
 @pytest.mark.parametrize("attention_bias", [False, True])

@@ -17,6 +17,7 @@ from torch import nn
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.cpu import kernels, ternary
+from engine.layers.packed_linear import Bf16Embedding
 from engine.layers.quant.linear import TernaryLinear
 from engine.layers.ternary_linear import TernaryCpuLinear
 from engine.loader import load_model
@@ -299,3 +300,10 @@ def test_the_bitnet_benchmark_generators_checkpoint_loads_into_the_ternary_kerne
     reference_tokens, reference_logits = greedy(reference.model, prompt)
     assert torch.equal(logits, reference_logits)
     assert tokens == reference_tokens
+    # On the C kernels the head runs Q8_0 and the bfloat16 table stays bfloat16 (not a float32 copy
+    # beside the head's blocks: 503 MB at 2B-4T's size), every row as the reference looks it up.
+    install_cpu_kernels(fast.model, CpuKernels.C_F32)
+    embedding = fast.model.model.embed_tokens
+    assert isinstance(embedding, Bf16Embedding) and embedding.table.dtype == torch.bfloat16
+    ids = torch.tensor(prompt)
+    assert torch.equal(embedding(ids), reference.model.model.embed_tokens(ids))
