@@ -105,9 +105,9 @@ class PrefixCachingBlockManager(BlockManager):
             self._reclaim(evict)
 
     def _take_one_block(self) -> int | None:
-        """A fresh block for copy-on-write, evicting if needed; None when there is none to have."""
+        """A fresh block for copy-on-write, evicting if needed; None when there is none to have.
+        No eviction ahead of need here: the block to copy is in a node the match did not lock."""
         try:
-            self._reuse_before_growing(1)
             if self.num_free_blocks == 0:
                 self._reclaim(1)
             return self.allocator.allocate(1)[0]
