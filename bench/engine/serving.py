@@ -24,6 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -93,10 +94,12 @@ async def run(
     max_tokens: int,
     engine_pid: int | None = None,
     prompt_tokens: int | None = None,
-) -> dict[str, float | int | str]:
+    tokenizer_path: str | None = None,
+) -> dict[str, Any]:
+    """``tokenizer_path``: the model whose tokenizer builds the long prompts (None: the default one)."""
     prompts: list[str] | list[list[int]] = PROMPTS
     if prompt_tokens:
-        prompts = long_prompts(load_tokenizer(), prompt_tokens, num_requests)
+        prompts = long_prompts(load_tokenizer(tokenizer_path), prompt_tokens, num_requests)
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=concurrency + 4)
     async with httpx.AsyncClient(timeout=None, limits=limits) as client:

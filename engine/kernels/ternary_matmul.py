@@ -118,7 +118,7 @@ def _ternary_matmul_kernel(
             other=0x55555555,  # sixteen codes of 1: zero weights
         )
         codes = tl.reshape((packed[:, None, :] >> shifts) & 0x3, (BLOCK_K, BLOCK_N))
-        acc = tl.dot(xq, (codes - 1).to(tl.int8), acc)
+        acc = tl.dot(xq, (codes - 1).to(tl.int8), acc, out_dtype=tl.int32)
 
     x_scale = tl.load(x_scale_ptr + offs_m, mask=mask_m, other=1.0)
     w_scale = tl.load(w_scale_ptr).to(tl.float32)
