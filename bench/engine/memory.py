@@ -3,7 +3,8 @@
 In one process, the way ``tern engine`` starts: Python alone, ``import torch``, the server's modules,
 the model loaded (``load_for_engine``), the engine built (its KV pool), a warm-up at one stream, then
 a run at 16 streams (greedy, ``ignore_eos``, the benchmark prompts as chats: the load
-``engine_vs_llamacpp.sh`` puts on a server). After each phase it reads ``/proc/self/status`` and
+``engine_vs_llamacpp.sh`` puts on a server), then one 2,048-token prompt (its prefill's buffers are
+the largest a run allocates). After each phase it reads ``/proc/self/status`` and
 ``/proc/self/smaps`` and splits the resident pages by mapping:
 
 - ``model_file``: the model file's mapping (of it ``model_file_private``: pages the process rewrote
@@ -15,7 +16,7 @@ a run at 16 streams (greedy, ``ignore_eos``, the benchmark prompts as chats: the
 A last phase calls ``malloc_trim``: what it gives back was freed memory the C library kept.
 
     python -m bench.engine.memory [--engine-args "--model X.gguf --num-threads 2"] \
-        [--requests 64] [--concurrency 16] [--max-tokens 128]
+        [--requests 64] [--concurrency 16] [--max-tokens 128] [--long-prompt-tokens 2048]
 
 Nothing here imports torch before its phase, so the first two phases are what they say.
 """
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=64, help="requests of the multi-stream run")
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument(
+        "--long-prompt-tokens", type=int, default=2048, help="then one prompt this long, 16 tokens (0: none)"
+    )
     args = ap.parse_args(argv)
     phases = Phases()
     phases.mark("python")
@@ -161,6 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     phases.mark("warm-up, 1 stream", seconds=round(seconds, 1))
     seconds = run_streams(engine, prompts, args.requests, args.concurrency, args.max_tokens)
     phases.mark(f"{args.concurrency} streams", seconds=round(seconds, 1))
+    if args.long_prompt_tokens:
+        from bench.engine.long_prompts import long_prompts
+
+        long = long_prompts(loaded.tokenizer, args.long_prompt_tokens, 1)
+        seconds = run_streams(engine, long, 1, 1, 16)
+        phases.mark(f"{args.long_prompt_tokens}-token prompt", seconds=round(seconds, 1))
     release_freed_memory()  # what of the heap is freed memory glibc kept, not memory in use
     phases.mark("malloc_trim")
     print(

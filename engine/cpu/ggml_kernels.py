@@ -40,7 +40,7 @@ class KernelFormat:
 # Q4_0/Q4_1 keep their own path (Int4Linear -> Q4CpuLinear, c_id 1 in layer_kernels.c).
 KERNEL_TYPES: dict[GGMLType, KernelFormat] = {
     GGMLType.Q8_0: KernelFormat("q8_0", 0, 32),
-    GGMLType.Q5_0: KernelFormat("q8_0", 0, 32),  # converted exactly to Q8_0 blocks at load
+    GGMLType.Q5_0: KernelFormat("q8_0", 0, 32),  # converted exactly to Q8_0 blocks: CONVERTED_AT_LOAD
     GGMLType.Q4_K: KernelFormat("q4_k", 2, 256),
     GGMLType.Q5_K: KernelFormat("q5_k", 3, 256),
     GGMLType.Q6_K: KernelFormat("q6_k", 4, 256),
@@ -192,6 +192,23 @@ def q8_0_from_q5_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, tor
     bits = (high >> torch.arange(32, dtype=torch.int32)) & 1
     codes = (nibbles | (bits.to(torch.int16) << 4)) - 16
     return codes.to(torch.int8).reshape(n, -1), scales
+
+
+def q8_0_blocks_from_q5_0(blocks: np.ndarray | torch.Tensor) -> np.ndarray:
+    """Q5_0 rows of blocks [N, K / 32 * 22] -> Q8_0 rows of blocks [N, K / 32 * 34] holding the same
+    weights exactly (:func:`q8_0_from_q5_0`), in new memory."""
+    codes, scales = q8_0_from_q5_0(blocks)
+    n = codes.shape[0]
+    out = np.empty((n, codes.shape[1] // 32, 34), dtype=np.uint8)
+    out[..., :2] = scales.numpy().view(np.uint8).reshape(n, -1, 2)
+    out[..., 2:] = codes.numpy().view(np.uint8).reshape(n, -1, 32)
+    return out.reshape(n, -1)
+
+
+CONVERTED_AT_LOAD = {GGMLType.Q5_0: (GGMLType.Q8_0, q8_0_blocks_from_q5_0)}
+"""GGML types whose kernel runs another type's blocks: the loader converts them (exactly) as it reads
+the file, so the file's pages of them are dropped at once instead of staying resident beside the
+converted copy (51 MB of the default model requantized to Q4_K_M, whose 576-wide linears are Q5_0)."""
 
 
 # -- plain references -----------------------------------------------------------------------------

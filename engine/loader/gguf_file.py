@@ -6,7 +6,8 @@ quantized type.
 
 The file is mapped copy-on-write: blocks kept are views of the mapping (no copy; what the kernels'
 layout rearranges in place becomes the process's own pages), and the pages of every tensor that was
-converted instead are handed back as soon as it is, so loading holds about one copy of the file.
+converted instead (dequantized, packed, or into another type's blocks: Q5_0 into Q8_0) are handed
+back as soon as it is, so loading holds about one copy of the file.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
 matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its
@@ -27,6 +28,7 @@ import torch
 
 from engine.cpu import ggml_kernels
 from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES, GGUF_TERNARY_SUFFIXES
+from engine.loader.gguf_reader import GgufFile, GgufTensor
 
 # Architectures whose q/k rows llama.cpp permuted at conversion (Qwen2 uses NEOX rope: untouched).
 _PERMUTED_QK_ARCHITECTURES = {"llama"}
@@ -60,11 +62,11 @@ BLOCKS_SUFFIX = ".ggml_blocks_"
 """``<module><BLOCKS_SUFFIX><GGML type name>``: a tensor's raw blocks, kept for its own kernel."""
 
 
-def open_gguf(path: str | Path) -> gguf.GGUFReader:
-    return gguf.GGUFReader(path, "c")  # copy-on-write: writable views, the file never written
+def open_gguf(path: str | Path) -> GgufFile:
+    return GgufFile(path, "c")  # copy-on-write: writable views, the file never written
 
 
-def _release(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
+def _release(reader: GgufFile, tensor: GgufTensor) -> None:
     """Drop the whole pages of ``tensor``'s bytes from this process (converted: never read again)."""
     page = mmap.PAGESIZE
     mapped = getattr(reader.data, "_mmap", None)
@@ -76,9 +78,9 @@ def _release(reader: gguf.GGUFReader, tensor: gguf.ReaderTensor) -> None:
         mapped.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
-def read_metadata(reader: gguf.GGUFReader) -> dict[str, Any]:
+def read_metadata(reader: GgufFile) -> dict[str, Any]:
     """Every key/value in the file, as Python values (strings, numbers, lists)."""
-    return {name: field.contents() for name, field in reader.fields.items()}
+    return reader.metadata()
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -100,7 +102,7 @@ def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return w.swapaxes(1, 2).reshape(weight.shape)
 
 
-def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
+def dequantize(tensor: GgufTensor) -> np.ndarray:
     """A tensor as float32 in PyTorch's (out_features, in_features) order."""
     try:
         values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
@@ -112,7 +114,7 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def _kept_blocks(tensor: gguf.ReaderTensor, name: str, tied: bool) -> bool:
+def _kept_blocks(tensor: GgufTensor, name: str, tied: bool) -> bool:
     """Whether the C kernels' path keeps this tensor as its blocks (``keep_blocks``)."""
     ggml_type, width = tensor.tensor_type, int(tensor.shape[0])
     runs = ggml_kernels.kernel_format(ggml_type, width) is not None
@@ -122,7 +124,7 @@ def _kept_blocks(tensor: gguf.ReaderTensor, name: str, tied: bool) -> bool:
 
 
 def iter_tensors(
-    reader: gguf.GGUFReader,
+    reader: GgufFile,
     architecture: str,
     num_heads: int,
     num_kv_heads: int,
@@ -149,7 +151,11 @@ def iter_tensors(
             _TERNARY_SUFFIX_BY_TYPE.get(type_name) if keep_ternary else None
         )
         kept = keep_blocks and _kept_blocks(tensor, name, tied)
-        if kept:
+        converted = ggml_kernels.CONVERTED_AT_LOAD.get(tensor.tensor_type) if kept else None
+        if converted is not None:  # into the blocks its kernel runs, in new memory (Q5_0 -> Q8_0)
+            values, type_name = converted[1](np.asarray(tensor.data)), converted[0].name
+            name = name.removesuffix(".weight") + BLOCKS_SUFFIX + type_name
+        elif kept:
             values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks
             name = name.removesuffix(".weight") + BLOCKS_SUFFIX + type_name
         elif packed_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
@@ -163,6 +169,6 @@ def iter_tensors(
                 values[...] = unpermute_rope_rows(values, heads)
             else:
                 values = unpermute_rope_rows(values, heads)
-        if not kept:
+        if not kept or converted is not None:
             _release(reader, tensor)
         yield name, torch.from_numpy(values if values.flags.writeable else values.copy())

@@ -8,10 +8,15 @@ on the engine's default plan, serves a request, and must not have imported them.
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 from pathlib import Path
 
+import gguf
+import torch
+
+from engine.loader import load_model
 from tests.engine.ggml_files import MIXED_TYPES, Q, write_mixed_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,3 +44,31 @@ def test_an_engine_on_cpu_imports_neither_sympy_nor_dynamo_nor_triton(tmp_path: 
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def _mapping_rss_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of ``path`` (/proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            inside = len(fields) > 5 and fields[5] == str(path)
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_the_file_pages_of_linears_converted_to_another_type_are_dropped(tmp_path: Path) -> None:
+    """Q5_0 linears run as Q8_0 blocks (a new copy): the file's Q5_0 pages do not stay resident beside
+    it (they did: 51 MB of the default model requantized to Q4_K_M). The tied Q8_0 embedding keeps
+    the mapping open, its pages the kernels' own."""
+    path = write_mixed_gguf(tmp_path / "q5_0.gguf", dict.fromkeys(MIXED_TYPES, Q.Q5_0), Q.Q8_0, None)
+    tensors = [(t.tensor_type, int(t.n_bytes)) for t in gguf.GGUFReader(path).tensors]
+    gc.collect()  # that reader's own mapping of the file goes
+    converted_kib = sum(size for kind, size in tensors if kind == Q.Q5_0) // 1024
+    loaded = load_model(path.resolve(), progress=False, keep_gguf_int4=True, keep_gguf_blocks=True)
+    up = loaded.model.model.layers[0].mlp.up_proj
+    assert up.format == "q8_0" and up.qweight.dtype == torch.int8
+    # what may stay: the other tensors, the header, and the part-pages at each tensor's ends
+    allowed_kib = path.stat().st_size // 1024 - converted_kib + 8 * len(tensors)
+    assert 0 < _mapping_rss_kib(path.resolve()) <= allowed_kib, (converted_kib, allowed_kib)
