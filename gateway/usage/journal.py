@@ -2,12 +2,13 @@
 
 Every usage record is appended here before it goes to the in-memory buffer that feeds Postgres.
 Appends are group-committed: the lines of one event loop turn are written together (one ``write``,
-on the loop: the page cache takes it in microseconds), then one long-lived thread syncs them
-(``fdatasync``) while the next lines queue up; the next batch takes all of them at once, and under
-load no sooner than ``commit_interval_s`` after the previous sync began. So one sync serves every
-request that completed meanwhile, one future per batch is shared by all its requests, and a
-request waits for at most about two syncs (plus the interval under load). The proxy awaits that
-before the last bytes of an answer, so an answer a client saw complete is on disk.
+on the loop: the page cache takes it in microseconds), then they are synced (``fdatasync``, off the
+loop: kernel AIO or a thread, :mod:`gateway.usage.journal_sync`) while the next lines queue up; the
+next batch takes all of them at once, and under load no sooner than ``commit_interval_s`` after the
+previous sync began. So one sync serves every request that completed meanwhile, one future per
+batch is shared by all its requests, and a request waits for at most about two syncs (plus the
+interval under load). The proxy awaits that before the last bytes of an answer, so an answer a
+client saw complete is on disk.
 
 Files are segments, one open per process at a time (named ``<start ns>-<instance>.journal``), each
 locked with ``flock`` by its process while it lives: a lock that can be taken belongs to a dead
@@ -29,10 +30,8 @@ import fcntl
 import logging
 import math
 import os
-import queue
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from typing import Any
 import orjson
 
 from gateway.metrics import JOURNAL_SYNCED_RECORDS, JOURNAL_SYNCS
+from gateway.usage.journal_sync import Syncer, make_syncer
 from gateway.usage.schemas import UsageRecord
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,6 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-_sync_data = getattr(os, "fdatasync", os.fsync)
-"""fdatasync: the data and the size of the file (what a reader needs), not its times."""
-
-
 def encode(record: UsageRecord) -> bytes:
     """One line (orjson writes the dataclass itself, datetimes in ISO 8601, 20x faster than
     ``to_json``; ``UsageRecord.from_json`` reads it back)."""
@@ -84,39 +80,6 @@ def encode(record: UsageRecord) -> bytes:
 
 def encode_in_flight(record: UsageRecord) -> bytes:
     return orjson.dumps({"in_flight": record}, option=orjson.OPT_APPEND_NEWLINE)
-
-
-Done = Callable[[BaseException | None], None]
-
-
-class _Syncer:
-    """One long-lived thread that only syncs files: the lines were written from the event loop
-    already, so its one job per batch is the wait for the disk, and its answer is one callback.
-    (``asyncio.to_thread`` per batch cost a task, an executor work item and two GIL hand-offs.)"""
-
-    def __init__(self) -> None:
-        self.jobs: queue.SimpleQueue[tuple[tuple[int, ...], asyncio.AbstractEventLoop, Done] | None]
-        self.jobs = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="usage-journal-sync", daemon=True).start()
-
-    def sync(self, fds: tuple[int, ...], loop: asyncio.AbstractEventLoop, done: Done) -> None:
-        """Sync ``fds``, then call ``done`` (with the error, if any) on ``loop``."""
-        self.jobs.put((fds, loop, done))
-
-    def stop(self) -> None:
-        self.jobs.put(None)
-
-    def _run(self) -> None:
-        while (job := self.jobs.get()) is not None:
-            fds, loop, done = job
-            error: BaseException | None = None
-            try:
-                for fd in fds:
-                    _sync_data(fd)
-            except OSError as exc:
-                error = exc
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-                loop.call_soon_threadsafe(done, error)
 
 
 class UsageJournal:
@@ -140,7 +103,7 @@ class UsageJournal:
         self._syncing_fds: tuple[int, ...] = ()
         self._written: list[Segment] = []
         """Segments written since the last sync began: the next one syncs them."""
-        self._syncer: _Syncer | None = None
+        self._syncer: Syncer | None = None
         self.commit_interval_s = commit_interval_s
         self._last_sync_at = -math.inf
         self._last_batch = 0
@@ -192,9 +155,12 @@ class UsageJournal:
             return
         if segment not in self._written:
             self._written.append(segment)
-        if self._syncer is None:
-            self._syncer = _Syncer()
         loop = asyncio.get_running_loop()
+        if self._syncer is not None and self._syncer.loop is not loop:  # tests run several loops
+            self._syncer.stop()
+            self._syncer = None
+        if self._syncer is None:
+            self._syncer = make_syncer(loop)
         self._last_sync_at = loop.time()
         self._last_batch = len(lines)
         JOURNAL_SYNCS.inc()
@@ -202,7 +168,7 @@ class UsageJournal:
         self._syncing = waiter
         self._syncing_fds = tuple(s.fd for s in self._written)
         self._written = []
-        self._syncer.sync(self._syncing_fds, loop, self._synced)
+        self._syncer.sync(self._syncing_fds, self._synced)
 
     def _synced(self, error: BaseException | None) -> None:
         waiter, self._syncing, self._syncing_fds = self._syncing, None, ()

@@ -1,0 +1,97 @@
+"""The usage journal's syncers: kernel AIO (where Linux offers it) and the thread fallback answer
+alike, on the event loop, once every file is synced, and report a file that cannot be."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import platform
+import random
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from test_usage import make_record
+
+from gateway.usage import journal_sync
+from gateway.usage.journal import UsageJournal, encode, read_segments, segments
+from gateway.usage.journal_sync import AioSyncer, Syncer, ThreadSyncer, make_syncer
+
+pytestmark = pytest.mark.anyio
+
+AIO_EXPECTED = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64")
+
+
+def aio_or_skip(loop: asyncio.AbstractEventLoop) -> AioSyncer:
+    try:
+        return AioSyncer(loop)
+    except OSError as exc:  # a sandbox that refuses io_setup: the thread serves there
+        pytest.skip(f"kernel AIO unavailable here: {exc}")
+
+
+async def answer(syncer: Syncer, fds: tuple[int, ...]) -> tuple[BaseException | None, int]:
+    """What ``done`` got, and the thread it ran on."""
+    answered: asyncio.Future[tuple[BaseException | None, int]] = asyncio.get_running_loop().create_future()
+    syncer.sync(fds, lambda error: answered.set_result((error, threading.get_ident())))
+    return await asyncio.wait_for(answered, 30)
+
+
+async def test_a_sync_answers_on_the_loop_once_every_file_is_synced(tmp_path: Path) -> None:
+    for kind in ("aio", "thread"):
+        loop = asyncio.get_running_loop()
+        syncer = aio_or_skip(loop) if kind == "aio" else ThreadSyncer(loop)
+        fds = tuple(os.open(tmp_path / f"{kind}-{i}", os.O_WRONLY | os.O_CREAT) for i in range(3))
+        try:
+            for fd in fds:
+                os.write(fd, b"usage\n")
+            for _ in range(3):  # the same syncer, batch after batch
+                assert await answer(syncer, fds) == (None, threading.get_ident())
+        finally:
+            syncer.stop()
+            for fd in fds:
+                os.close(fd)
+
+
+async def test_a_file_that_cannot_be_synced_is_reported(tmp_path: Path) -> None:
+    """A pipe has no fsync (EINVAL): the batch's waiters get the error, not a success."""
+    for kind in ("aio", "thread"):
+        loop = asyncio.get_running_loop()
+        syncer = aio_or_skip(loop) if kind == "aio" else ThreadSyncer(loop)
+        read_end, write_end = os.pipe()
+        good = os.open(tmp_path / kind, os.O_WRONLY | os.O_CREAT)
+        try:
+            error, _ = await answer(syncer, (good, write_end))
+            assert isinstance(error, OSError) and error.errno == errno.EINVAL
+            assert await answer(syncer, (good,)) == (None, threading.get_ident())
+        finally:
+            syncer.stop()
+            for fd in (read_end, write_end, good):
+                os.close(fd)
+
+
+async def test_the_journal_syncs_through_kernel_aio_where_linux_has_it() -> None:
+    if not AIO_EXPECTED:
+        pytest.skip("kernel AIO is used on Linux x86_64 and aarch64")
+    aio_or_skip(asyncio.get_running_loop()).stop()
+    syncer = make_syncer(asyncio.get_running_loop())
+    syncer.stop()
+    assert isinstance(syncer, AioSyncer)
+
+
+async def test_without_kernel_aio_the_journal_syncs_in_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(self: AioSyncer, loop: asyncio.AbstractEventLoop) -> None:
+        raise OSError(errno.ENOSYS, "no AIO")
+
+    monkeypatch.setattr(journal_sync.AioSyncer, "__init__", refuse)
+    journal = UsageJournal(tmp_path, instance_id="thread")
+    journal.open()
+    rng = random.Random(16)
+    records = [make_record(rng) for _ in range(5)]
+    await asyncio.wait_for(asyncio.gather(*(journal.append(encode(r)) for r in records)), 60)
+    assert any(t.name == "usage-journal-sync" for t in threading.enumerate())
+    journal.close(done_seq=0)
+    assert [r.request_id for r in read_segments(segments(tmp_path))] == [r.request_id for r in records]
