@@ -97,6 +97,29 @@ static void softmax_chunk(float *s, int64_t n, float *top_out, float *total_out)
 #undef LOAD8
 #undef LOAD1
 
+/* first [B + 1]: row r's chunks are first[r] .. first[r + 1] - 1 of all rows' (a chunk is a work item).
+ * Returns their count. */
+int64_t tern_attention_chunks(const int32_t *context_lens, int64_t B, int64_t *first) {
+    first[0] = 0;
+    for (int64_t r = 0; r < B; r++) first[r + 1] = first[r] + (context_lens[r] + KEYS_PER_CHUNK - 1) / KEYS_PER_CHUNK;
+    return first[B];
+}
+
+/* tern_paged_decode_attention's work for the threads of the enclosing parallel region (orphaned omp for:
+ * every thread of the region calls it), with its first (tern_attention_chunks) and partials
+ * ([chunks, H, D + 2] floats) given: layer_kernels.c's decode stack, which runs in one region. */
+void tern_paged_attention_work(const float *q, const void *k_cache, const void *v_cache, int half,
+                               const int32_t *block_tables, int64_t width, const int32_t *context_lens, int64_t B,
+                               int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
+                               const int64_t *first, float *partials, float *out) {
+    if (half)
+        attention_work_f16(q, (const uint16_t *)k_cache, (const uint16_t *)v_cache, block_tables, width, context_lens,
+                           B, H, KVH, D, block_size, scale, first, partials, out);
+    else
+        attention_work_f32(q, (const float *)k_cache, (const float *)v_cache, block_tables, width, context_lens, B, H,
+                           KVH, D, block_size, scale, first, partials, out);
+}
+
 /* q, out [B, H, D] float32; k_cache, v_cache [num_blocks, block_size, KVH, D], float16 when `half`
  * is set, else float32; block_tables [B, width] int32; context_lens [B] int32. Returns 0, or -1
  * when out of memory. */
@@ -104,11 +127,20 @@ int tern_paged_decode_attention(const float *q, const void *k_cache, const void 
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,
                                 int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
                                 float *out) {
-    if (half)
-        return paged_decode_attention_f16(q, (const uint16_t *)k_cache, (const uint16_t *)v_cache, block_tables,
-                                          width, context_lens, B, H, KVH, D, block_size, scale, out);
-    return paged_decode_attention_f32(q, (const float *)k_cache, (const float *)v_cache, block_tables, width,
-                                      context_lens, B, H, KVH, D, block_size, scale, out);
+    int64_t *first = (int64_t *)malloc((size_t)(B + 1) * sizeof(int64_t));
+    if (!first) return -1;
+    const int64_t chunks = tern_attention_chunks(context_lens, B, first);
+    float *partials = (float *)malloc((size_t)(chunks * H * (D + 2) + 1) * sizeof(float));
+    if (!partials) {
+        free(first);
+        return -1;
+    }
+#pragma omp parallel
+    tern_paged_attention_work(q, k_cache, v_cache, half, block_tables, width, context_lens, B, H, KVH, D, block_size,
+                              scale, first, partials, out);
+    free(partials);
+    free(first);
+    return 0;
 }
 
 /* out [M, K] = x / sqrt(mean(x^2) + eps) * weight, row by row (float32 throughout). */

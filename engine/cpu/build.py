@@ -43,9 +43,14 @@ AVX512_ENV = "TERN_CPU_AVX512"
 """Set to 0 to build the AVX2 kernels where the CPU has AVX-512 (``TERN_NO_AVX512`` in kernels.h): the
 tests run both on a machine that has it."""
 
+ONE_REGION_ENV = "TERN_CPU_ONE_REGION"
+"""Set to 0 to build the decode stack of ternary layers with a parallel region a kernel call
+(``TERN_NO_ONE_REGION`` in layer_kernels.c) instead of one for the whole stack: to compare the two."""
+
 
 def _flags() -> tuple[str, ...]:
     flags = FLAGS + (("-DTERN_NO_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "0" else ())
+    flags += ("-DTERN_NO_ONE_REGION",) if os.environ.get(ONE_REGION_ENV) == "0" else ()
     return flags + (("-DTERN_NO_AVX512",) if os.environ.get(AVX512_ENV) == "0" else ())
 
 

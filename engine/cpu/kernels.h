@@ -74,6 +74,17 @@ typedef struct {
 } TernInt8Rows;
 int tern_int8_rows(const float *x, int64_t M, int64_t K, TernInt8Rows *q);
 void tern_free_int8_rows(TernInt8Rows *q);
+void tern_quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *qs, float *scale, int32_t *sums);
+/* tern_matmul_tq2's tiles for rows already quantized, shared among the threads of the enclosing parallel
+ * region (orphaned omp for), and the same for the decode attention (attention_kernels.c): the one-region
+ * decode stack of layer_kernels.c. */
+void tern_tq2_tiles(const TernInt8Rows *q, int64_t M, const uint8_t *wq, const float *ws, const uint16_t *wd,
+                    int64_t N, float *out);
+int64_t tern_attention_chunks(const int32_t *context_lens, int64_t B, int64_t *first);
+void tern_paged_attention_work(const float *q, const void *k_cache, const void *v_cache, int half,
+                               const int32_t *block_tables, int64_t width, const int32_t *context_lens, int64_t B,
+                               int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
+                               const int64_t *first, float *partials, float *out);
 int tern_matmul_kquant(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,

@@ -308,21 +308,17 @@ __attribute__((optimize("no-tree-reassoc"))) static void ternary_tile_rows(const
     else T_ROW_LOOP(0);
 }
 
-/* out [M, N] = x [M, K] @ (T * scale)^T, T from wq [N, Kp / 4] (Kp: K rounded up to 256), the scale
- * per weight row (ws [N], wd NULL) or per block (wd [N, Kp / 256] float16, ws NULL); wq and wd in the
- * interleaved layout above. 0 on success, -1 out of memory, -2 bad arguments. */
-int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
+/* out [M, N] = q @ (T * scale)^T for quantized rows q (tern_int8_rows), the weights as tern_matmul_tq2
+ * takes them, shared among the threads of the enclosing parallel region (an orphaned omp for a chunk of
+ * rows, each ending in a barrier; on the calling thread alone outside one): layer_kernels.c's decode
+ * stack calls it inside its one region. */
+void tern_tq2_tiles(const TernInt8Rows *q, int64_t M, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out) {
-    if (K <= 0 || (ws == NULL) == (wd == NULL)) return -2;
-    if (M == 0 || N == 0) return 0;
-    const int64_t nb = (K + QKT - 1) / QKT;
-    TernaryRows q;
-    if (tern_int8_rows(x, M, K, &q)) return tern_free_int8_rows(&q), -1;
+    const int64_t nb = q->nb;
     const TernaryWeights w = {wq, ws, wd, nb, N};
     const int64_t tiles = (N + T_TILE_N - 1) / T_TILE_N;
     int64_t chunk = CHUNK_BYTES / (nb * QKT);
     chunk = chunk < T_ROWS ? T_ROWS : chunk - chunk % T_ROWS;
-#pragma omp parallel
     for (int64_t r0 = 0; r0 < M; r0 += chunk) {
         const int64_t r1 = r0 + chunk < M ? r0 + chunk : M;
         /* Guided, as the q4_1 kernel: long runs of consecutive tiles first (one stream through the
@@ -330,9 +326,22 @@ int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, con
 #pragma omp for schedule(guided)
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t n0 = t * T_TILE_N, n1 = n0 + T_TILE_N < N ? n0 + T_TILE_N : N;
-            ternary_tile_rows(&w, &q, r0, r1, n0, n1, N, out);
+            ternary_tile_rows(&w, q, r0, r1, n0, n1, N, out);
         }
     }
+}
+
+/* out [M, N] = x [M, K] @ (T * scale)^T, T from wq [N, Kp / 4] (Kp: K rounded up to 256), the scale
+ * per weight row (ws [N], wd NULL) or per block (wd [N, Kp / 256] float16, ws NULL); wq and wd in the
+ * interleaved layout above. 0 on success, -1 out of memory, -2 bad arguments. */
+int tern_matmul_tq2(const float *x, int64_t M, int64_t K, const uint8_t *wq, const float *ws, const uint16_t *wd,
+                    int64_t N, float *out) {
+    if (K <= 0 || (ws == NULL) == (wd == NULL)) return -2;
+    if (M == 0 || N == 0) return 0;
+    TernaryRows q;
+    if (tern_int8_rows(x, M, K, &q)) return tern_free_int8_rows(&q), -1;
+#pragma omp parallel
+    tern_tq2_tiles(&q, M, wq, ws, wd, N, out);
     tern_free_int8_rows(&q);
     return 0;
 }

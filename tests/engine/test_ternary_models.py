@@ -17,6 +17,7 @@ from torch import nn
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
 from engine.cpu import kernels, ternary
+from engine.layers.context import make_context, reset_context, set_context
 from engine.layers.packed_linear import Bf16Embedding
 from engine.layers.quant.linear import TernaryLinear
 from engine.layers.ternary_linear import TernaryCpuLinear
@@ -307,3 +308,49 @@ def test_the_bitnet_benchmark_generators_checkpoint_loads_into_the_ternary_kerne
     assert isinstance(embedding, Bf16Embedding) and embedding.table.dtype == torch.bfloat16
     ids = torch.tensor(prompt)
     assert torch.equal(embedding(ids), reference.model.model.embed_tokens(ids))
+
+
+def test_the_one_region_ternary_stack_is_the_same_at_any_thread_count_and_batch(tmp_path: Path) -> None:
+    """A stack of ternary layers runs in one OpenMP region (layer_kernels.c, ternary_layers): at two threads
+    too, and with contexts of several attention chunks (128 keys each), every row is the layers' torch
+    path's at one thread and the same alone as in a batch."""
+    path = write_ternary_gguf(tmp_path / "tiny.TQ2_0.gguf", "llama", Q.TQ2_0, shared_scales=False)
+    model: Any = load_model(path, progress=False, keep_gguf_int4=True).model
+    assert install_cpu_kernels(model, CpuKernels.C_F32).steps_in_c
+    layers, kernel = model.model.layers, model.model.decode_kernel
+    block_size, blocks = 16, 48
+    generator = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, len(layers), blocks, block_size, KV_HEADS, HIDDEN // HEADS, generator=generator)
+    for i, layer in enumerate(layers):
+        layer.self_attn.attn.k_cache, layer.self_attn.attn.v_cache = cache[0, i].half(), cache[1, i].half()
+    tables = [list(range(0, 16)), [16], list(range(17, 27))]
+    lengths = [200, 5, 140]  # the new token's position is length - 1
+
+    def step(sequences: list[int], threads: int, fused: bool) -> torch.Tensor:
+        set_context(
+            make_context(
+                query_lens=[1] * len(sequences),
+                context_lens=[lengths[s] for s in sequences],
+                block_tables=[tables[s] for s in sequences],
+                slot_mapping=[
+                    tables[s][(lengths[s] - 1) // block_size] * block_size + (lengths[s] - 1) % block_size
+                    for s in sequences
+                ],
+            )
+        )
+        model.model.decode_kernel = kernel if fused else None
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            with torch.inference_mode():
+                ids = torch.tensor([7 + s for s in sequences])
+                return model(ids, torch.tensor([lengths[s] - 1 for s in sequences]))
+        finally:
+            torch.set_num_threads(before)
+            model.model.decode_kernel = kernel
+            reset_context()
+
+    reference = step([0, 1, 2], threads=1, fused=False)
+    for threads in (1, 2):
+        assert torch.equal(step([0, 1, 2], threads, fused=True), reference)
+        assert torch.equal(step([2], threads, fused=True), reference[2:])
