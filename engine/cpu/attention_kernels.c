@@ -10,6 +10,7 @@
  * Plain-torch references: engine/cpu/kernels.py (`*_ref`), tested in tests/engine/test_cpu_kernels.py.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
