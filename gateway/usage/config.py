@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,11 @@ class UsageSettings(BaseSettings):
         5.0,
         ge=0,
         description="Under load, journal syncs start at most this often (each then serves more requests).",
+    )
+    journal_syncer: Literal["aio", "thread"] = Field(
+        "aio",
+        description="How a batch is fsynced off the event loop: kernel AIO (Linux x86_64/aarch64; "
+        "elsewhere the thread) or a thread.",
     )
     replay_interval_s: float = Field(1.0, gt=0, description="How often spooled batches are retried.")
     retention_months: int = Field(

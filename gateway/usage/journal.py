@@ -84,7 +84,13 @@ def encode_in_flight(record: UsageRecord) -> bytes:
 
 class UsageJournal:
     def __init__(
-        self, directory: Path, *, instance_id: str, sync: bool = True, commit_interval_s: float = 0.0
+        self,
+        directory: Path,
+        *,
+        instance_id: str,
+        sync: bool = True,
+        commit_interval_s: float = 0.0,
+        syncer: str = "aio",
     ) -> None:
         self.directory = directory
         self.instance_id = instance_id
@@ -104,6 +110,7 @@ class UsageJournal:
         self._written: list[Segment] = []
         """Segments written since the last sync began: the next one syncs them."""
         self._syncer: Syncer | None = None
+        self.syncer_kind = syncer
         self.commit_interval_s = commit_interval_s
         self._last_sync_at = -math.inf
         self._last_batch = 0
@@ -160,7 +167,7 @@ class UsageJournal:
             self._syncer.stop()
             self._syncer = None
         if self._syncer is None:
-            self._syncer = make_syncer(loop)
+            self._syncer = make_syncer(loop, self.syncer_kind)
         self._last_sync_at = loop.time()
         self._last_batch = len(lines)
         JOURNAL_SYNCS.inc()

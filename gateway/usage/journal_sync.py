@@ -47,8 +47,10 @@ class Syncer(Protocol):
     def stop(self) -> None: ...
 
 
-def make_syncer(loop: asyncio.AbstractEventLoop) -> Syncer:
-    """The kernel AIO syncer where the kernel offers it, else the thread."""
+def make_syncer(loop: asyncio.AbstractEventLoop, kind: str = "aio") -> Syncer:
+    """The kernel AIO syncer where the kernel offers it (and ``kind`` is ``aio``), else the thread."""
+    if kind == "thread":
+        return ThreadSyncer(loop)
     try:
         return AioSyncer(loop)
     except (OSError, AttributeError) as exc:

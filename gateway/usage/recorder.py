@@ -71,6 +71,7 @@ class UsageRecorder:
             instance_id=instance_id or uuid.uuid4().hex[:16],
             sync=settings.journal_fsync,
             commit_interval_s=settings.journal_commit_interval_ms / 1000,
+            syncer=settings.journal_syncer,
         )
         self.on_recovered: list[RecoveryHook] = []
         self._done_seq = 0

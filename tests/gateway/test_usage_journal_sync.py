@@ -16,6 +16,7 @@ import pytest
 from test_usage import make_record
 
 from gateway.usage import journal_sync
+from gateway.usage.config import UsageSettings
 from gateway.usage.journal import UsageJournal, encode, read_segments, segments
 from gateway.usage.journal_sync import AioSyncer, Syncer, ThreadSyncer, make_syncer
 
@@ -92,6 +93,17 @@ async def test_without_kernel_aio_the_journal_syncs_in_a_thread(
     rng = random.Random(16)
     records = [make_record(rng) for _ in range(5)]
     await asyncio.wait_for(asyncio.gather(*(journal.append(encode(r)) for r in records)), 60)
-    assert any(t.name == "usage-journal-sync" for t in threading.enumerate())
+    assert isinstance(journal._syncer, ThreadSyncer)
     journal.close(done_seq=0)
     assert [r.request_id for r in read_segments(segments(tmp_path))] == [r.request_id for r in records]
+
+
+async def test_the_thread_syncer_can_be_chosen(tmp_path: Path) -> None:
+    """``TERN_USAGE_JOURNAL_SYNCER=thread``: to compare the two on one machine."""
+    settings = UsageSettings(spool_dir=tmp_path, journal_syncer="thread")
+    journal = UsageJournal(tmp_path, instance_id="chosen", syncer=settings.journal_syncer)
+    journal.open()
+    await asyncio.wait_for(journal.append(encode(make_record(random.Random(17)))), 60)
+    assert isinstance(journal._syncer, ThreadSyncer)
+    journal.close(done_seq=0)
+    assert len(read_segments(segments(tmp_path))) == 1
