@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from engine.config import EngineConfig
 from engine.cpu.openmp import WAIT_POLICIES, restart_with_wait_policy
+from engine.loader.memory import use_one_malloc_arena
 from protocol.rpc import HEALTH_PATH, MODELS_PATH
 
 
@@ -137,6 +138,7 @@ class ProbeAccessFilter(logging.Filter):
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     restart_with_wait_policy(args.omp_wait_policy, sys.argv[1:] if argv is None else argv)
+    use_one_malloc_arena()  # before any thread starts: what bursts free goes back when idle
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
