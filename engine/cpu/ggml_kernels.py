@@ -196,13 +196,15 @@ def q8_0_from_q5_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, tor
 
 def q8_0_blocks_from_q5_0(blocks: np.ndarray | torch.Tensor) -> np.ndarray:
     """Q5_0 rows of blocks [N, K / 32 * 22] -> Q8_0 rows of blocks [N, K / 32 * 34] holding the same
-    weights exactly (:func:`q8_0_from_q5_0`), in new memory."""
+    weights exactly (:func:`q8_0_from_q5_0`), in new memory: torch's, 64-byte aligned as the codes were
+    when they came from ``q8_0_from_q5_0`` (numpy's large blocks start 16 bytes into a page, and the
+    kernels' 64-byte loads would then straddle cache lines)."""
     codes, scales = q8_0_from_q5_0(blocks)
     n = codes.shape[0]
-    out = np.empty((n, codes.shape[1] // 32, 34), dtype=np.uint8)
-    out[..., :2] = scales.numpy().view(np.uint8).reshape(n, -1, 2)
-    out[..., 2:] = codes.numpy().view(np.uint8).reshape(n, -1, 32)
-    return out.reshape(n, -1)
+    out = torch.empty((n, codes.shape[1] // 32, 34), dtype=torch.uint8)
+    out[..., :2] = scales.view(torch.uint8).reshape(n, -1, 2)
+    out[..., 2:] = codes.view(torch.uint8).reshape(n, -1, 32)
+    return out.reshape(n, -1).numpy()
 
 
 CONVERTED_AT_LOAD = {GGMLType.Q5_0: (GGMLType.Q8_0, q8_0_blocks_from_q5_0)}
