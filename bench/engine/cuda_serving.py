@@ -12,7 +12,7 @@ batch; so at one stream ``tokens/s x weight bytes`` is the rate the weights are 
 ``hbm_fraction`` sets it against the part's peak (``bench.engine.kernels.PEAK_BANDWIDTH_GBS``). KV
 reads are left out (a few MB at these lengths), so the fraction is a slight underestimate. Weight
 bytes per format: bf16 2 bytes a weight; int4 half a byte plus a bf16 scale and min per group of 128;
-ternary (``--quant bitnet``) as the Triton kernel packs it, 2 bits plus a scale per row. The head
+ternary (``--quant bitnet``) as the Triton kernel packs it, 2 bits (one scale per tensor). The head
 stays bf16 in every format.
 """
 
@@ -103,12 +103,11 @@ def one_engine(args: argparse.Namespace, quant: str, peak_gbs: float | None) -> 
         try:
             result: dict[str, Any] = {"quant": quant, "load_s": round(wait_healthy(url, process, 600), 1)}
             progress(quant, "healthy", {"load_s": result["load_s"]})
-            rpc = url
             for streams, requests in ((1, 8), (16, 48), (64, 128)):
-                run = serving.run(rpc, streams, requests, args.max_tokens, process.pid)
+                run = serving.run(url, streams, requests, args.max_tokens, process.pid)
                 result[f"streams_{streams}"] = asyncio.run(run)
                 progress(quant, f"streams_{streams}", result[f"streams_{streams}"])
-            long = serving.run(rpc, 1, 4, 1, None, 2048, tokenizer_path=args.model)
+            long = serving.run(url, 1, 4, 1, None, 2048, tokenizer_path=args.model)
             result["prompt_2048"] = asyncio.run(long)
             progress(quant, "prompt_2048", result["prompt_2048"])
             workload = shared_prefix.Workload(
@@ -120,7 +119,7 @@ def one_engine(args: argparse.Namespace, quant: str, peak_gbs: float | None) -> 
                 token_range=(1000, 40000),
                 seed=0,
             )
-            result["shared_prefix"] = asyncio.run(shared_prefix.run(rpc, workload, 64))
+            result["shared_prefix"] = asyncio.run(shared_prefix.run(url, workload, 64))
             result["gpu_memory_mib"] = gpu_memory_mib(process.pid)
         finally:
             process.terminate()

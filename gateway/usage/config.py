@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway.usage.journal_sync import SyncerKind
 
 
 class UsageSettings(BaseSettings):
@@ -26,7 +27,7 @@ class UsageSettings(BaseSettings):
         ge=0,
         description="Under load, journal syncs start at most this often (each then serves more requests).",
     )
-    journal_syncer: Literal["aio", "thread"] = Field(
+    journal_syncer: SyncerKind = Field(
         "aio",
         description="How a batch is fsynced off the event loop: kernel AIO (Linux x86_64/aarch64; "
         "elsewhere the thread) or a thread.",

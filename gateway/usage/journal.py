@@ -39,7 +39,7 @@ from typing import Any
 import orjson
 
 from gateway.metrics import JOURNAL_SYNCED_RECORDS, JOURNAL_SYNCS
-from gateway.usage.journal_sync import Syncer, make_syncer
+from gateway.usage.journal_sync import Syncer, SyncerKind, make_syncer
 from gateway.usage.schemas import UsageRecord
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class UsageJournal:
         instance_id: str,
         sync: bool = True,
         commit_interval_s: float = 0.0,
-        syncer: str = "aio",
+        syncer: SyncerKind = "aio",
     ) -> None:
         self.directory = directory
         self.instance_id = instance_id

@@ -26,11 +26,12 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 log = logging.getLogger(__name__)
 
 Done = Callable[[BaseException | None], None]
+SyncerKind = Literal["aio", "thread"]
 
 sync_data = getattr(os, "fdatasync", os.fsync)
 """fdatasync: the data and the size of the file (what a reader needs), not its times."""
@@ -47,7 +48,7 @@ class Syncer(Protocol):
     def stop(self) -> None: ...
 
 
-def make_syncer(loop: asyncio.AbstractEventLoop, kind: str = "aio") -> Syncer:
+def make_syncer(loop: asyncio.AbstractEventLoop, kind: SyncerKind = "aio") -> Syncer:
     """The kernel AIO syncer where the kernel offers it (and ``kind`` is ``aio``), else the thread."""
     if kind == "thread":
         return ThreadSyncer(loop)
