@@ -1,16 +1,18 @@
 """GGUF block types on the C kernels: each GGML type's kernel against the default model's q4_1 one.
 
     python -m bench.engine.ggml_linears [--threads 2] [--rows 1 16 512] [--layers 4] [--repeats 5]
+        [--shapes llama-3.2-1b|smollm2-135m] [--kernels q5_0 q8_0 ...]
 
-For Llama-3.2-1B's decoder linears (q/k/v and gate/up stacked, as served), random weights, times in one
+For Llama-3.2-1B's decoder linears (q/k/v and gate/up stacked, as served; ``--shapes smollm2-135m``: the
+default model's, whose 576-wide ones a Q4_K_M file holds as Q5_0), random weights, times in one
 process, interleaved, best of ``--repeats`` windows (the machine is shared: the best window is the least
 disturbed one), per call: ``{kernel}_us`` wall µs, ``{kernel}_cpu_us`` CPU µs of all the process's threads
 (what a shared machine does not inflate, but OpenMP's waiting threads count: compare kernels on it at
 ``--threads 1``), ``{kernel}_gb_s`` weight bytes over the CPU time (GB a CPU-second: one thread's
 effective bandwidth at one row, where the weight, read again and again, may sit in the cache), for
-``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and
-``GgmlLinear`` on ``q4_k``, ``q5_k``, ``q6_k``, ``q8_0`` blocks (the K-quants tile by tile where the CPU
-has AVX-512 VNNI, as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
+``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and ``GgmlLinear`` on ``q4_k``,
+``q5_k``, ``q6_k``, ``q8_0``, ``q5_0`` blocks (the K-quants tile by tile where the CPU has AVX-512
+VNNI, as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
 what other CPUs run).
 
 ``layers``: ``--layers`` decoder layers, every linear its own weight (so a step reads them from memory, as
@@ -37,8 +39,11 @@ from engine.layers.ggml_linear import GgmlLinear
 from engine.layers.packed_linear import Q4CpuLinear
 from engine.layers.quant.linear import Int4Linear
 
-SHAPES = {"qkv": (2048, 3072), "o": (2048, 2048), "gate_up": (2048, 16384), "down": (8192, 2048)}
-"""Llama-3.2-1B's linears: (in features K, out features N)."""
+MODEL_SHAPES = {
+    "llama-3.2-1b": {"qkv": (2048, 3072), "o": (2048, 2048), "gate_up": (2048, 16384), "down": (8192, 2048)},
+    "smollm2-135m": {"qkv": (576, 960), "o": (576, 576), "gate_up": (576, 3072), "down": (1536, 576)},
+}
+"""Each model's decoder linears: (in features K, out features N)."""
 TYPES = {
     "q4_k": GGMLType.Q4_K,
     "q4_k_rows": GGMLType.Q4_K,
@@ -46,6 +51,7 @@ TYPES = {
     "q6_k": GGMLType.Q6_K,
     "q6_k_rows": GGMLType.Q6_K,
     "q8_0": GGMLType.Q8_0,
+    "q5_0": GGMLType.Q5_0,
 }
 KERNELS = ("q4_1", *TYPES)
 
@@ -73,10 +79,12 @@ def best_times(fn: Callable[[], object], calls: int, repeats: int) -> tuple[floa
     return wall, cpu
 
 
-def per_shape(rows_list: list[int], repeats: int) -> list[dict[str, object]]:
+def per_shape(
+    rows_list: list[int], repeats: int, shapes: dict[str, tuple[int, int]], kernels: tuple[str, ...]
+) -> list[dict[str, object]]:
     results: list[dict[str, object]] = []
-    for name, (k, n) in SHAPES.items():
-        modules = {kernel: linear(kernel, k, n, seed=k + n) for kernel in KERNELS}
+    for name, (k, n) in shapes.items():
+        modules = {kernel: linear(kernel, k, n, seed=k + n) for kernel in kernels}
         for rows in rows_list:
             x = torch.randn(rows, k)
             calls = max(2, int(5e7 // (n * k * rows) + 1))
@@ -96,16 +104,23 @@ def per_shape(rows_list: list[int], repeats: int) -> list[dict[str, object]]:
     return results
 
 
-def per_layer(rows_list: list[int], num_layers: int, repeats: int) -> list[dict[str, object]]:
+def per_layer(
+    rows_list: list[int],
+    num_layers: int,
+    repeats: int,
+    shapes: dict[str, tuple[int, int]],
+    kernels: tuple[str, ...],
+) -> list[dict[str, object]]:
     """``num_layers`` layers of each kind, every linear its own weight: ms per layer and weight GB/s."""
-    kinds = {kernel: dict.fromkeys(SHAPES, kernel) for kernel in KERNELS}
-    kinds["q4_k_m"] = dict.fromkeys(SHAPES, "q4_k") | {"down": "q6_k"}
+    kinds = {kernel: dict.fromkeys(shapes, kernel) for kernel in kernels}
+    if all(k % 256 == 0 for k, _ in shapes.values()):  # else llama-quantize writes Q5_0 for Q4_K
+        kinds["q4_k_m"] = dict.fromkeys(shapes, "q4_k") | {"down": "q6_k"}
     results: list[dict[str, object]] = []
     for kind, per_linear in kinds.items():
         built = [
             (k, *linear(per_linear[name], k, n, seed=1000 * layer + i))
             for layer in range(num_layers)
-            for i, (name, (k, n)) in enumerate(SHAPES.items())
+            for i, (name, (k, n)) in enumerate(shapes.items())
         ]
         layer_bytes = sum(size for _, _, size in built) // num_layers
         for rows in rows_list:
@@ -136,13 +151,17 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=4, help="decoder layers per kind in the per-layer figures"
     )
     parser.add_argument("--no-shapes", action="store_true", help="only the per-layer figures")
+    parser.add_argument("--shapes", choices=sorted(MODEL_SHAPES), default="llama-3.2-1b")
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS, default=list(KERNELS))
     args = parser.parse_args(argv)
     if not kernels_ready(args.threads):
         return 1
+    model, chosen = MODEL_SHAPES[args.shapes], tuple(args.kernels)
     with torch.inference_mode():
-        shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats)
-        layers = per_layer(args.rows, args.layers, args.repeats) if args.layers else []
-    print(json.dumps(report("ggml_linears", tiled=cpu_kernels.q4_1_tiled(), results=shapes, layers=layers)))
+        shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats, model, chosen)
+        layers = per_layer(args.rows, args.layers, args.repeats, model, chosen) if args.layers else []
+    fields = {"shapes": args.shapes, "tiled": cpu_kernels.q4_1_tiled(), "results": shapes, "layers": layers}
+    print(json.dumps(report("ggml_linears", **fields)))
     return 0
 
 

@@ -1,12 +1,13 @@
 """The C kernels for GGUF's own blocks, by GGML type: which ones run in their own layout
 (:data:`KERNEL_TYPES`), the ctypes calls (``kquant_kernels.c`` for Q4_K/Q5_K/Q6_K, ``quant_kernels.c``'s
-Q8_0 for Q8_0), and the plain reference each is tested against: gguf's dequantization, then a
+Q8_0 and Q5_0), and the plain reference each is tested against: gguf's dequantization, then a
 float64 matmul over the kernels' activations: int16 for the row-by-row kernels (:func:`matmul_ref`),
 llama.cpp's Q8_K for the AVX-512 VNNI tiles (:func:`matmul_ref_q8k`).
 
-A weight is the file's rows of blocks, uint8 ``[N, bytes per row]``, except Q8_0, which the kernel
-reads as int8 codes ``[N, K]`` and float16 scales ``[N, K / 32]`` (:func:`q8_0_from_blocks`: the same
-bytes, split; Q5_0's blocks convert to Q8_0 exactly, :func:`q8_0_from_q5_0`).
+A weight is the file's rows of blocks, uint8 ``[N, bytes per row]``, except Q8_0 and Q5_0, which the
+kernels read as codes and float16 scales ``[N, K / 32]`` apart: Q8_0's int8 codes ``[N, K]``
+(:func:`q8_0_from_blocks`), Q5_0's fifth bits and nibbles ``[N, K / 32 * 20]`` (:func:`q5_0_from_blocks`),
+the same bytes split in place.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class KernelFormat:
 # Q4_0/Q4_1 keep their own path (Int4Linear -> Q4CpuLinear, c_id 1 in layer_kernels.c).
 KERNEL_TYPES: dict[GGMLType, KernelFormat] = {
     GGMLType.Q8_0: KernelFormat("q8_0", 0, 32),
-    GGMLType.Q5_0: KernelFormat("q8_0", 0, 32),  # converted exactly to Q8_0 blocks: CONVERTED_AT_LOAD
+    GGMLType.Q5_0: KernelFormat("q5_0", 9, 32),
     GGMLType.Q4_K: KernelFormat("q4_k", 2, 256),
     GGMLType.Q5_K: KernelFormat("q5_k", 3, 256),
     GGMLType.Q6_K: KernelFormat("q6_k", 4, 256),
@@ -68,6 +69,7 @@ def _lib() -> ctypes.CDLL:
     lib = kernels._lib()
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     lib.tern_matmul_kquant.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
+    lib.tern_matmul_q5_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
     lib.tern_matmul_k_tiled.argtypes = [ctypes.c_int, ptr, i64, i64, ptr, i64, ptr]
     lib.tern_matmul_q6_k_tiled.argtypes = [ptr, i64, i64, ptr, i64, ptr]
     lib.tern_tile_k.argtypes = [ctypes.c_int, ptr, i64, i64]
@@ -162,55 +164,63 @@ def dequantize_q6_k_tiled(tiled: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
     return out.reshape(*ids.shape, nsb * 256)
 
 
-def q8_0_from_blocks(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q8_0 rows of blocks [N, K / 32 * 34] -> int8 codes [N, K] and float16 scales [N, K / 32], in
-    the blocks' own memory (rearranged in place: a view of the file's copy-on-write mapping stays
-    the only copy; the caller's array is consumed)."""
+def _split_in_place(blocks: np.ndarray | torch.Tensor, block_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of blocks [N, K / 32 * block_bytes] whose first 2 bytes are a float16 scale -> the rest of
+    each block [N, K / 32 * (block_bytes - 2)] uint8 and the scales [N, K / 32] float16, in the blocks'
+    own memory (rearranged in place: a view of the file's copy-on-write mapping stays the only copy;
+    the caller's array is consumed)."""
     raw = torch.as_tensor(blocks)
     n = raw.shape[0]
-    split = raw.reshape(n, -1, 34)
+    split = raw.reshape(n, -1, block_bytes)
     scales = split[..., :2].clone()
     codes = split[..., 2:].clone()
     flat = raw.reshape(-1) if raw.is_contiguous() else raw.contiguous().reshape(-1)
     flat[: codes.numel()] = codes.reshape(-1)
     flat[codes.numel() :] = scales.reshape(-1)
-    return flat[: codes.numel()].view(torch.int8).reshape(n, -1), flat[codes.numel() :].view(
-        torch.float16
-    ).reshape(n, -1)
+    return flat[: codes.numel()].reshape(n, -1), flat[codes.numel() :].view(torch.float16).reshape(n, -1)
 
 
-def q8_0_from_q5_0(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Q5_0 rows of blocks [N, K / 32 * 22] -> Q8_0's codes and scales, exactly: a Q5_0 element is
-    d * (q - 16) with q 5 bits, so q - 16 is its int8 code under the same d."""
-    raw = torch.as_tensor(blocks)
-    n = raw.shape[0]
-    split = raw.reshape(n, -1, 22)
-    scales = split[..., :2].contiguous().view(torch.float16).reshape(n, -1)
-    high = split[..., 2:6].contiguous().view(torch.int32)  # bit j: element j's fifth bit
-    low = split[..., 6:].to(torch.int16)  # byte j: element j (low nibble), j + 16 (high)
-    nibbles = torch.cat((low & 0x0F, low >> 4), dim=-1)
-    bits = (high >> torch.arange(32, dtype=torch.int32)) & 1
-    codes = (nibbles | (bits.to(torch.int16) << 4)) - 16
-    return codes.to(torch.int8).reshape(n, -1), scales
+def q8_0_from_blocks(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 rows of blocks [N, K / 32 * 34] -> int8 codes [N, K] and float16 scales [N, K / 32], split
+    in place (:func:`_split_in_place`)."""
+    codes, scales = _split_in_place(blocks, 34)
+    return codes.view(torch.int8), scales
 
 
-def q8_0_blocks_from_q5_0(blocks: np.ndarray | torch.Tensor) -> np.ndarray:
-    """Q5_0 rows of blocks [N, K / 32 * 22] -> Q8_0 rows of blocks [N, K / 32 * 34] holding the same
-    weights exactly (:func:`q8_0_from_q5_0`), in new memory: torch's, 64-byte aligned as the codes were
-    when they came from ``q8_0_from_q5_0`` (numpy's large blocks start 16 bytes into a page, and the
-    kernels' 64-byte loads would then straddle cache lines)."""
-    codes, scales = q8_0_from_q5_0(blocks)
+def q5_0_from_blocks(blocks: np.ndarray | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 rows of blocks [N, K / 32 * 22] -> each block's four bytes of fifth bits and sixteen of
+    nibbles [N, K / 32 * 20] and float16 scales [N, K / 32], split in place (the kernel's layout:
+    ``tern_matmul_q5_0``)."""
+    return _split_in_place(blocks, 22)
+
+
+def q5_0_blocks(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """:func:`q5_0_from_blocks` undone for some rows: GGUF's Q5_0 blocks [rows, K / 32 * 22], new memory."""
+    rows = codes.shape[0]
+    halves = scales.contiguous().view(torch.uint8).reshape(rows, -1, 2)
+    return torch.cat((halves, codes.reshape(rows, -1, 20)), dim=-1).reshape(rows, -1)
+
+
+def matmul_q5_0(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(W)^T -> [M, N] float32; W from :func:`q5_0_from_blocks`."""
+    x = kernels._rows(x)
+    m, k = x.shape
     n = codes.shape[0]
-    out = torch.empty((n, codes.shape[1] // 32, 34), dtype=torch.uint8)
-    out[..., :2] = scales.view(torch.uint8).reshape(n, -1, 2)
-    out[..., 2:] = codes.view(torch.uint8).reshape(n, -1, 32)
-    return out.reshape(n, -1).numpy()
-
-
-CONVERTED_AT_LOAD = {GGMLType.Q5_0: (GGMLType.Q8_0, q8_0_blocks_from_q5_0)}
-"""GGML types whose kernel runs another type's blocks: the loader converts them (exactly) as it reads
-the file, so the file's pages of them are dropped at once instead of staying resident beside the
-converted copy (51 MB of the default model requantized to Q4_K_M, whose 576-wide linears are Q5_0)."""
+    if (
+        k % 32
+        or codes.dtype != torch.uint8
+        or codes.shape != (n, k // 32 * 20)
+        or scales.shape != (n, k // 32)
+        or scales.dtype != torch.float16
+        or not codes.is_contiguous()
+        or not scales.is_contiguous()
+    ):
+        raise kernels.KernelError(f"rows of {k} do not fit a q5_0 weight {tuple(codes.shape)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    kernels._check(
+        _lib().tern_matmul_q5_0(x.data_ptr(), m, k, codes.data_ptr(), scales.data_ptr(), n, out.data_ptr())
+    )
+    return out
 
 
 # -- plain references -----------------------------------------------------------------------------

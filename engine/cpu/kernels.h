@@ -32,6 +32,8 @@ int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, co
 int tern_q4_1_tiled(void);
 int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const uint16_t *wd, int64_t N,
                      float *out);
+int tern_matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd, int64_t N,
+                     float *out);
 /* Rows of x for the K-quant kernels: int16 codes [M, K] with one scale a row (d [M]), and the exact
  * sums of each 32-block's codes, unscaled ([M, K/32]). */
 typedef struct {

@@ -81,8 +81,8 @@ static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width,
 
 typedef struct TernLinear {
     const void *qweight; /* q4_1: [N, K/2] bytes (or tile by tile: kernels.q4_1_kernel_layout); q8_0: [N, K] int8;
-                            Q4_K/Q5_K/Q6_K: [N, K/256] super-blocks as GGUF stores them */
-    const uint16_t *scales; /* [N, K/32] float16 (q4_1: as its codes; none for the K-quants) */
+                            q5_0: [N, K/32, 20] bytes; Q4_K/Q5_K/Q6_K: [N, K/256] super-blocks as GGUF stores them */
+    const uint16_t *scales; /* [N, K/32] float16 (q4_1, q8_0, q5_0; q4_1 as its codes; none for the K-quants) */
     const uint16_t *mins;   /* [N/16 rounded up, K/32, 16] float16, q4_1 only (kernels.tile_blocks) */
     const float *bias;   /* [N] or NULL */
     int64_t out_features, in_features;
@@ -100,7 +100,8 @@ enum {
     FORMAT_TQ2_0 = 5,
     FORMAT_Q4_K_TILED = 6,
     FORMAT_Q6_K_TILED = 7,
-    FORMAT_Q5_K_TILED = 8
+    FORMAT_Q5_K_TILED = 8,
+    FORMAT_Q5_0 = 9
 };
 
 typedef struct {
@@ -122,6 +123,7 @@ static int part(const TernLinear *w, const float *x, int64_t M, float *out) {
     const int64_t N = w->out_features, K = w->in_features;
     switch (w->format) {
     case FORMAT_Q8_0: return tern_matmul_q8_0(x, M, K, (const int8_t *)w->qweight, w->scales, N, out);
+    case FORMAT_Q5_0: return tern_matmul_q5_0(x, M, K, (const uint8_t *)w->qweight, w->scales, N, out);
     case FORMAT_Q4_1: return tern_matmul_q4_1(x, M, K, (const uint8_t *)w->qweight, w->scales, w->mins, N, out);
     case FORMAT_Q4_K: case FORMAT_Q5_K: case FORMAT_Q6_K:
         return tern_matmul_kquant(w->format - FORMAT_Q4_K, x, M, K, (const uint8_t *)w->qweight, N, out);

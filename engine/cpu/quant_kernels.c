@@ -10,6 +10,9 @@
  *   q4_1 weights (GGUF Q4_1): w = code * d + m, code 0..15, two codes a byte (byte j holds elements
  *        j and j + 16 of its block);  x . w = dx * sum_blocks(dw * sum(code * qx)) + sum_blocks(m * dx * sum(qx)).
  *   q8_0 weights (GGUF Q8_0): w = q * d, q int8;  x . w = dx * sum_blocks(dw * sum(q * qx)).
+ *   q5_0 weights (GGUF Q5_0): w = (q - 16) * d, q 5 bits: a block's four bytes of fifth bits (bit j:
+ *        element j), then its low nibbles as q4_1's; unpacked to q - 16 in int16 lanes, the rest is
+ *        q8_0's arithmetic, so a Q5_0 weight gives bit for bit what its exact Q8_0 conversion gives.
  *
  * d and m are float16, as GGUF stores them (a fifth of a Q4_1 block's bytes; float32 would add a
  * sixth to the bytes a decode step streams from memory).
@@ -30,6 +33,13 @@
 #define TILE_N 16   /* output columns (weight rows) per tile */
 
 #define QMAX 32767.0f
+
+/* The weight formats of the row-by-row tiles (a constant at each use of the micro-kernels). */
+#define FMT_Q8_0 0
+#define FMT_Q4_1 1
+#define FMT_Q5_0 2
+/* Bytes of codes a block: q5_0's fifth bits (4 bytes) and nibbles (16), its scale apart as q8_0's. */
+#define CODE_BYTES(F) ((F) == FMT_Q8_0 ? QK : (F) == FMT_Q4_1 ? 16 : 20)
 
 /* How far ahead of the block being read the weight stream is prefetched. A decode step streams
  * every weight from memory once; without it the 2 cores read them at 7 GB/s, with it at about 12
@@ -107,7 +117,8 @@ static void free_rows(QuantizedRows *q) {
  * for an element whichever micro-kernel computes it, so the result does not depend on the batch.
  * Several elements at once hide the latency of each accumulator's chain of FMAs. */
 typedef struct {
-    const uint8_t *qs; /* q4_1: [N, nb, 16] bytes (TERN_Q4_TILED: see tiled_q4_1); q8_0: [N, nb, 32] int8 */
+    const uint8_t *qs; /* q4_1: [N, nb, 16] bytes (TERN_Q4_TILED: see tiled_q4_1); q8_0: [N, nb, 32] int8;
+                          q5_0: [N, nb, 20] bytes, a block's fifth bits then nibbles as GGUF stores them */
     const uint16_t *d; /* [N, nb] float16 (TERN_Q4_TILED, q4_1: like m) */
     const uint16_t *m; /* q4_1 only: [N / TILE_N rounded up, nb, TILE_N] float16 (see kernels.tile_blocks) */
     int64_t nb;
@@ -158,19 +169,38 @@ static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
 }
 
 /* The micro-kernel: RR rows of x from r0 against CC weight rows from n0, whose float scales start at
- * dw (dw[j * nb + b]: weight row n0 + j, block b). Q4 (a constant at each use) picks the weight
+ * dw (dw[j * nb + b]: weight row n0 + j, block b). Q4 (FMT_*, a constant at each use) picks the weight
  * format, which only changes how a block's codes are unpacked. */
 #if defined(TERN_AVX512)
 /* Block b of weight row n as 32 int16 codes, in the order of the row's activations. */
 static inline __attribute__((always_inline)) __m512i block_codes(const Weights *w, int64_t n, int64_t b, const int Q4) {
-    const uint8_t *wb = w->qs + (n * w->nb + b) * (Q4 ? 16 : QK);
+    const uint8_t *wb = w->qs + (n * w->nb + b) * CODE_BYTES(Q4);
     _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-    if (!Q4) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
+    if (Q4 == FMT_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
+#ifdef __AVX512VL__
+    if (Q4 == FMT_Q5_0) {
+        /* in bytes (256-bit operations, one 512-bit widening, as q8_0's): the 16 bytes' low nibbles
+         * (elements 0..15), then their high ones (16..31); byte j - 16 where fifth bit j is clear */
+        const __m128i raw = _mm_loadu_si128((const __m128i *)(wb + 4));
+        const __m256i both = _mm256_and_si256(
+            _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), _mm256_set1_epi8(0x0F));
+        uint32_t high;
+        memcpy(&high, wb, sizeof high);
+        return _mm512_cvtepi8_epi16(_mm256_mask_sub_epi8(both, (__mmask32)~high, both, _mm256_set1_epi8(16)));
+    }
+#endif
+    const uint8_t *nibbles = Q4 == FMT_Q5_0 ? wb + 4 : wb;
     /* the block's 16 bytes in both halves: lanes 0..15 keep the low nibbles (elements 0..15), lanes
      * 16..31 are shifted to the high ones (elements 16..31) */
     const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)wb)));
-    return _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi16(0x0F));
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nibbles)));
+    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi16(0x0F));
+    if (Q4 == FMT_Q4_1) return codes;
+    /* q5_0: lane j is element j, the fifth bits a lane mask; q - 16 is the nibble where the bit is set,
+     * the nibble - 16 where it is not */
+    uint32_t high;
+    memcpy(&high, wb, sizeof high);
+    return _mm512_mask_sub_epi16(codes, (__mmask32)~high, codes, _mm512_set1_epi16(16));
 }
 
 /* One block a register: one vpmaddwd, one conversion and one FMA per block, row and column. */
@@ -198,12 +228,22 @@ static inline __attribute__((always_inline)) void tile(const Weights *w, const f
 /* Block b of weight row n as int16 codes: elements 0..15 into *first, 16..31 into *second. */
 static inline __attribute__((always_inline)) void block_codes(const Weights *w, int64_t n, int64_t b, const int Q4,
                                                               __m256i *first, __m256i *second) {
-    const uint8_t *wb = w->qs + (n * w->nb + b) * (Q4 ? 16 : QK);
+    const uint8_t *wb = w->qs + (n * w->nb + b) * CODE_BYTES(Q4);
     _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-    if (Q4) { /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
+    if (Q4 != FMT_Q8_0) { /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(Q4 == FMT_Q5_0 ? wb + 4 : wb)));
         *first = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
         *second = _mm256_srli_epi16(bytes, 4);
+        if (Q4 == FMT_Q5_0) { /* lane j's fifth bit: -16 where it is clear (q - 16 = nibble + 16 * bit - 16) */
+            const __m256i bits = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                                   16384, (short)0x8000);
+            uint32_t high;
+            memcpy(&high, wb, sizeof high);
+            const __m256i set0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)high), bits), bits);
+            const __m256i set1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(high >> 16)), bits), bits);
+            *first = _mm256_sub_epi16(*first, _mm256_andnot_si256(set0, _mm256_set1_epi16(16)));
+            *second = _mm256_sub_epi16(*second, _mm256_andnot_si256(set1, _mm256_set1_epi16(16)));
+        }
     } else {
         *first = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
         *second = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
@@ -237,9 +277,15 @@ static inline __attribute__((always_inline)) void tile(const Weights *w, const f
 /* Portable version: the same per-element arithmetic without vectors. */
 static inline int block_dot(const Weights *w, int64_t n, int64_t b, const int16_t *qx, const int Q4) {
     int sum = 0;
-    if (Q4) {
+    if (Q4 == FMT_Q4_1) {
         const uint8_t *wq = w->qs + (n * w->nb + b) * 16;
         for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
+    } else if (Q4 == FMT_Q5_0) {
+        const uint8_t *wq = w->qs + (n * w->nb + b) * 20;
+        const uint32_t high = (uint32_t)wq[0] | (uint32_t)wq[1] << 8 | (uint32_t)wq[2] << 16 | (uint32_t)wq[3] << 24;
+        for (int k = 0; k < 16; k++)
+            sum += ((int)((wq[4 + k] & 0x0F) | ((high >> k) & 1) << 4) - 16) * qx[k] +
+                   ((int)((wq[4 + k] >> 4) | ((high >> (k + 16)) & 1) << 4) - 16) * qx[k + 16];
     } else {
         const int8_t *wq = (const int8_t *)w->qs + (n * w->nb + b) * QK;
         for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
@@ -353,7 +399,7 @@ static void matmul_tiled_q4_1(const Weights *w, const QuantizedRows *x, int64_t 
 #define COLUMNS(Q4, RR)                                                                                 \
     do {                                                                                                \
         int64_t n = n_begin;                                                                            \
-        for (; (Q4 || RR == 4) && n + TILE_COLUMNS <= n_end; n += TILE_COLUMNS)                         \
+        for (; (Q4 != FMT_Q8_0 || RR == 4) && n + TILE_COLUMNS <= n_end; n += TILE_COLUMNS)             \
             tile(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, TILE_COLUMNS, Q4);           \
         for (; n < n_end; n++) tile(w, scales + (n - n_begin) * w->nb, &q, r0, n, N, out, RR, 1, Q4);   \
     } while (0)
@@ -372,7 +418,8 @@ static void matmul_tiled_q4_1(const Weights *w, const QuantizedRows *x, int64_t 
             COLUMNS(Q4, 1);                                                                       \
     } while (0)
 
-static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_t N, float *out, int q4) {
+static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_t N, float *out, int format) {
+    const int q4 = format == FMT_Q4_1;
     if (K % QK) return -2;
     QuantizedRows q;
     if (quantize_rows(x, M, K, &q)) {
@@ -406,10 +453,12 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
             if (q4) {
                 float *mins = scales + TILE_N * w->nb;
                 tile_mins(w, t, mins);
-                TILE_LOOP(1);
+                TILE_LOOP(FMT_Q4_1);
                 add_min_terms(mins, &q, M, w->nb, n_begin, n_end, N, out);
+            } else if (format == FMT_Q5_0) {
+                TILE_LOOP(FMT_Q5_0);
             } else {
-                TILE_LOOP(0);
+                TILE_LOOP(FMT_Q8_0);
             }
         }
         free(scales);
@@ -424,14 +473,22 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
 int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
                      const uint16_t *wm, int64_t N, float *out) {
     const Weights w = {wq, wd, wm, K / QK};
-    return matmul(x, M, K, &w, N, out, 1);
+    return matmul(x, M, K, &w, N, out, FMT_Q4_1);
 }
 
 /* out [M, N] = x [M, K] @ dequant(W)^T; W as q8_0: qs [N, K] int8, d [N, K/32] float16. 0 on success. */
 int tern_matmul_q8_0(const float *x, int64_t M, int64_t K, const int8_t *wq, const uint16_t *wd, int64_t N,
                      float *out) {
     const Weights w = {(const uint8_t *)wq, wd, NULL, K / QK};
-    return matmul(x, M, K, &w, N, out, 0);
+    return matmul(x, M, K, &w, N, out, FMT_Q8_0);
+}
+
+/* out [M, N] = x [M, K] @ dequant(W)^T; W as q5_0: qs [N, K/32, 20] bytes (each GGUF block's fifth bits and
+ * nibbles), d [N, K/32] float16 (ggml_kernels.q5_0_from_blocks: the file's bytes split in place). 0 on success. */
+int tern_matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd, int64_t N,
+                     float *out) {
+    const Weights w = {wq, wd, NULL, K / QK};
+    return matmul(x, M, K, &w, N, out, FMT_Q5_0);
 }
 
 /* The activation quantizer alone, for the reference test: qs [M, K], d and s [M, K/32]. */

@@ -1,8 +1,8 @@
 """Linears and embeddings on a GGUF tensor's own blocks (docs/engine.md, "GGUF types").
 
 ``GgmlLinear`` runs the C kernel of its GGML type (``engine/cpu/ggml_kernels.py``, ``KERNEL_TYPES``)
-on the file's blocks: the K-quants as they are, Q8_0 split into codes and scales (Q5_0 converted to
-Q8_0 exactly). ``GgmlEmbedding`` looks rows up in the same blocks and dequantizes only them, so no
+on the file's blocks: the K-quants as they are (or tile by tile), Q8_0 and Q5_0 split in place into
+codes and scales. ``GgmlEmbedding`` looks rows up in the same blocks and dequantizes only them, so no
 float32 table exists beside them, tied or not. ``StackedLinear`` puts q/k/v or gate/up side by side,
 each part on its own kernel (a Q4_K_M file's v_proj is Q6_K in some layers, Q4_K in others).
 """
@@ -46,8 +46,7 @@ class GgmlLinear(nn.Module):
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.scales: torch.Tensor | None = None
         if ggml_type == GGMLType.Q5_0:
-            self.qweight, self.scales = ggml_kernels.q8_0_from_q5_0(blocks)
-            self.ggml_type = GGMLType.Q8_0
+            self.qweight, self.scales = ggml_kernels.q5_0_from_blocks(blocks)
         elif ggml_type == GGMLType.Q8_0:
             self.qweight, self.scales = ggml_kernels.q8_0_from_blocks(blocks)
         elif ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
@@ -64,7 +63,10 @@ class GgmlLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.scales is not None:
+        if self.ggml_type == GGMLType.Q5_0:
+            assert self.scales is not None
+            out = ggml_kernels.matmul_q5_0(rows, self.qweight, self.scales)
+        elif self.scales is not None:
             out = cpu_kernels.matmul_q8_0(rows, self.qweight, self.scales)
         elif self.qweight.dim() == 3:  # tile by tile
             out = ggml_kernels.matmul_tiled(rows, self.qweight, self.ggml_type)
@@ -76,6 +78,11 @@ class GgmlLinear(nn.Module):
 
     def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the weight in float32 (the embedding lookup of a tied head)."""
+        if self.ggml_type == GGMLType.Q5_0:
+            assert self.scales is not None
+            flat = ids.reshape(-1)
+            blocks = ggml_kernels.q5_0_blocks(self.qweight[flat], self.scales[flat])
+            return dequantize_rows(blocks, GGMLType.Q5_0, torch.arange(flat.numel())).reshape(*ids.shape, -1)
         if self.scales is not None:
             codes, scales = self.qweight[ids], self.scales[ids]
             return (codes.float().unflatten(-1, (-1, 32)) * scales.float().unsqueeze(-1)).flatten(-2)

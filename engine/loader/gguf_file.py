@@ -6,7 +6,7 @@ quantized type.
 
 The file is mapped copy-on-write: blocks kept are views of the mapping (no copy; what the kernels'
 layout rearranges in place becomes the process's own pages), and the pages of every tensor that was
-converted instead (dequantized, packed, or into another type's blocks: Q5_0 into Q8_0) are handed
+converted instead (dequantized or packed) are handed
 back as soon as it is, so loading holds about one copy of the file.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
@@ -151,11 +151,7 @@ def iter_tensors(
             _TERNARY_SUFFIX_BY_TYPE.get(type_name) if keep_ternary else None
         )
         kept = keep_blocks and _kept_blocks(tensor, name, tied)
-        converted = ggml_kernels.CONVERTED_AT_LOAD.get(tensor.tensor_type) if kept else None
-        if converted is not None:  # into the blocks its kernel runs, in new memory (Q5_0 -> Q8_0)
-            values, type_name = converted[1](np.asarray(tensor.data)), converted[0].name
-            name = name.removesuffix(".weight") + BLOCKS_SUFFIX + type_name
-        elif kept:
+        if kept:
             values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks
             name = name.removesuffix(".weight") + BLOCKS_SUFFIX + type_name
         elif packed_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
@@ -169,6 +165,6 @@ def iter_tensors(
                 values[...] = unpermute_rope_rows(values, heads)
             else:
                 values = unpermute_rope_rows(values, heads)
-        if not kept or converted is not None:
+        if not kept:
             _release(reader, tensor)
         yield name, torch.from_numpy(values if values.flags.writeable else values.copy())

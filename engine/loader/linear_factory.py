@@ -18,7 +18,7 @@ Weight formats (:class:`WeightFormat`, found by the module's exact type in ``MOD
   GGUF's linears and a packed BitNet checkpoint's load straight into ``TernaryCpuLinear`` on the fast
   path (``keep_gguf_int4``), which needs no row.
 - ``GGML``: ``GgmlLinear``, a GGUF tensor's own blocks of a type that has a C kernel (Q4_K, Q5_K,
-  Q6_K, Q8_0, Q5_0 as Q8_0): which kernel runs which GGML type is the one table
+  Q6_K, Q8_0, Q5_0): which kernel runs which GGML type is the one table
   ``engine/cpu/ggml_kernels.py``'s ``KERNEL_TYPES``. The loader keeps these blocks only for ``C_F32``
   (``ServingPlan.keep_gguf_blocks``), and the module runs its kernel as loaded: no row replaces it.
 

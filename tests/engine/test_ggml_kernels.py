@@ -1,4 +1,4 @@
-"""The C kernels of GGUF's own blocks (Q4_K, Q5_K, Q6_K; Q8_0 and Q5_0 through Q8_0's) against the
+"""The C kernels of GGUF's own blocks (Q4_K, Q5_K, Q6_K, Q8_0, Q5_0) against the
 plain reference (gguf's dequantization, then a float64 matmul), batch- and thread-independent
 bitwise, and a small random GGUF of mixed types loaded onto them (docs/engine.md, "GGUF types")."""
 
@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -132,17 +133,68 @@ def test_a_tied_q6_k_heads_tiles_give_the_embedding_rows_back() -> None:
     torch.testing.assert_close(GgmlEmbedding(head, 512)(ids), expected, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("ggml_type", [Q.Q8_0, Q.Q5_0])
-def test_q8_0_and_q5_0_blocks_run_as_q8_0_exactly(ggml_type: Q) -> None:
-    raw = random_blocks(ggml_type, 20, 256)
-    dense = ggml_kernels.dequantize_ref(raw, ggml_type)
-    linear = GgmlLinear(torch.from_numpy(raw.copy()), ggml_type, 256)
+def test_q8_0_blocks_run_as_q8_0_exactly() -> None:
+    raw = random_blocks(Q.Q8_0, 20, 256)
+    dense = ggml_kernels.dequantize_ref(raw, Q.Q8_0)
+    linear = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q8_0, 256)
     assert linear.format == "q8_0" and linear.scales is not None
     # the codes and scales give gguf's dequantized weight back exactly
     codes = linear.qweight.float().reshape(20, -1, 32) * linear.scales.float()[..., None]
     assert torch.equal(codes.reshape(20, 256), dense)
     x = torch.randn(3, 256)
-    torch.testing.assert_close(linear(x), ggml_kernels.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(linear(x), ggml_kernels.matmul_ref(x, raw, Q.Q8_0), rtol=1e-5, atol=1e-4)
+
+
+def _q5_0_blocks(rows: int, width: int, fill: int | None = None, seed: int = 0) -> np.ndarray:
+    """Random Q5_0 blocks; with ``fill``, every fifth-bit and nibble byte that value (the extremes:
+    0x00 all codes -16, 0xFF all +15)."""
+    raw = random_blocks(Q.Q5_0, rows, width, seed=seed)
+    if fill is not None:
+        raw.reshape(rows, -1, 22)[..., 2:] = fill
+    return raw
+
+
+def _as_q8_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q5_0 blocks as the same weights in Q8_0 (codes q - 16, the same scales): gguf's dequantized
+    values divided by their scale, exact (a 5-bit code times a float16 fits float32's mantissa)."""
+    rows = raw.shape[0]
+    scales = torch.from_numpy(raw.reshape(rows, -1, 22)[..., :2].copy()).view(torch.float16).reshape(rows, -1)
+    dense = ggml_kernels.dequantize_ref(raw, Q.Q5_0).reshape(rows, -1, 32)
+    codes = (dense / scales.float()[..., None]).round()
+    assert torch.equal(codes * scales.float()[..., None], dense)
+    return codes.to(torch.int8).reshape(rows, -1), scales.contiguous()
+
+
+@pytest.mark.parametrize("fill", [None, 0x00, 0xFF, 0x80])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9])
+def test_the_q5_0_kernel_matches_the_reference_and_q8_0(fill: int | None, rows: int) -> None:
+    """On the file's bytes split in place: gguf's dequantization times the int16 rows within float32
+    rounding, and bit for bit the Q8_0 kernel on the same weights (its arithmetic after unpacking)."""
+    raw = _q5_0_blocks(37, 576, fill, seed=rows)  # 37: a partial tile; 576: the default model's width
+    x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)) * 3
+    linear = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q5_0, 576)
+    assert linear.format == "q5_0" and linear.qweight.shape == (37, 18 * 20)
+    out = linear(x)
+    torch.testing.assert_close(out, ggml_kernels.matmul_ref(x, raw, Q.Q5_0), rtol=1e-5, atol=1e-4)
+    assert torch.equal(out, kernels.matmul_q8_0(x, *_as_q8_0(raw)))
+    ids = torch.tensor([[0, 36], [5, 5]])  # a tied head's embedding rows: gguf's, from the split bytes
+    assert torch.equal(linear.dequantized_rows(ids), ggml_kernels.dequantize_ref(raw, Q.Q5_0)[ids])
+
+
+def test_q5_0_rows_do_not_depend_on_the_batch_or_threads() -> None:
+    codes, scales = ggml_kernels.q5_0_from_blocks(torch.from_numpy(_q5_0_blocks(70, 768)))
+    x = torch.randn(11, 768)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        batch = ggml_kernels.matmul_q5_0(x, codes, scales)
+        torch.set_num_threads(1)
+        assert torch.equal(ggml_kernels.matmul_q5_0(x, codes, scales), batch)
+    finally:
+        torch.set_num_threads(threads)
+    for i in range(x.shape[0]):
+        assert torch.equal(ggml_kernels.matmul_q5_0(x[i : i + 1], codes, scales)[0], batch[i])
+        assert torch.equal(ggml_kernels.matmul_q5_0(x[: i + 1], codes, scales)[i], batch[i])
 
 
 def test_embedding_rows_are_the_dequantized_table() -> None:
@@ -163,7 +215,8 @@ def _has_avx512() -> bool:
 def test_the_kquant_tests_pass_with_the_avx2_kernels(tmp_path: Path) -> None:
     """The kernel tests above again in a process whose kernels are built without AVX-512."""
     env = {**os.environ, kernels.AVX512_ENV: "0", "TERN_KERNEL_CACHE": str(tmp_path)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "kquant"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
+    command += ["-k", "kquant or q5_0"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
@@ -199,7 +252,7 @@ def test_a_mixed_gguf_loads_in_its_own_blocks(
     assert formats == {
         "self_attn.q_proj": "q4_k" + tiled,
         "self_attn.v_proj": "q6_k" + tiled,
-        "mlp.up_proj": "q8_0",
+        "mlp.up_proj": "q5_0",
     }
     assert not any(type(m) is nn.Linear for m in model.modules())  # no float weight anywhere
     ids = [3, 70, 101, 200, 12, 256, 9]
