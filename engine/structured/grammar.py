@@ -19,9 +19,8 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import llguidance
 import numpy as np
 import torch
 
@@ -29,6 +28,9 @@ from engine.errors import RequestError
 from engine.metrics import EngineMetrics
 from engine.structured.json_bounds import BoundedMatcher, NumberBounds, with_integer_bounds
 from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    import llguidance  # imported when a request first asks for structured output (its 2.3 MB with it)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ class GrammarCompiler:
     @property
     def ll_tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the vocabulary (about 0.3 s to build, so built on first use)."""
+        import llguidance  # on first use: an engine that serves no structured output never loads it
+
         with self._lock:
             if self._ll_tokenizer is None:
                 self._ll_tokenizer = llguidance.LLTokenizer(
@@ -128,6 +132,8 @@ class GrammarCompiler:
         return grammar
 
     def _build(self, lark: str, *, param: str) -> Grammar:
+        import llguidance
+
         tokenizer = self.ll_tokenizer
         source = llguidance.LLMatcher.grammar_from_lark(lark)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(source, tokenizer)

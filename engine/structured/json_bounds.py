@@ -20,12 +20,14 @@ everything the grammar allows (a schema ``const`` of 30 digits), the grammar's m
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import llguidance
 import numpy as np
 
 from engine.structured.json_closing import closing_text
+
+if TYPE_CHECKING:
+    import llguidance  # the matchers and tokenizers passed in are llguidance's (grammar.py imports it)
 
 INT64_BOUND = 2**63 - 1024
 """The largest double below 2**63: llguidance reads schema bounds as doubles, so this is the widest

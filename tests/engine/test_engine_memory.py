@@ -21,7 +21,7 @@ from engine.loader import load_model
 from tests.engine.ggml_files import MIXED_TYPES, Q, write_mixed_gguf
 
 ROOT = Path(__file__).resolve().parents[2]
-UNUSED_ON_CPU = ("sympy", "triton", "torch._dynamo")
+UNUSED_ON_CPU = ("sympy", "triton", "torch._dynamo", "llguidance")
 
 ENGINE_RUN = """
 import sys
@@ -37,7 +37,9 @@ print(sorted(m for m in sys.modules if m in {unused!r}))
 """
 
 
-def test_an_engine_on_cpu_imports_neither_sympy_nor_dynamo_nor_triton(tmp_path: Path) -> None:
+def test_an_engine_on_cpu_imports_no_library_a_plain_request_does_not_use(tmp_path: Path) -> None:
+    """Neither sympy, torch._dynamo nor Triton; nor llguidance before a request asks for structured
+    output (engine/structured/grammar.py imports it then)."""
     path = write_mixed_gguf(tmp_path / "mixed.gguf", MIXED_TYPES, Q.Q8_0, None)
     code = ENGINE_RUN.format(unused=set(UNUSED_ON_CPU))
     out = subprocess.run(
