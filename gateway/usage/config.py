@@ -28,9 +28,9 @@ class UsageSettings(BaseSettings):
         description="Under load, journal syncs start at most this often (each then serves more requests).",
     )
     journal_syncer: SyncerKind = Field(
-        "aio",
-        description="How a batch is fsynced off the event loop: kernel AIO (Linux x86_64/aarch64; "
-        "elsewhere the thread) or a thread.",
+        "process",
+        description="How a batch is fsynced off the event loop: a child process, kernel AIO (Linux "
+        "x86_64/aarch64; elsewhere the thread) or a thread.",
     )
     replay_interval_s: float = Field(1.0, gt=0, description="How often spooled batches are retried.")
     retention_months: int = Field(

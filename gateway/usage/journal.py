@@ -90,7 +90,7 @@ class UsageJournal:
         instance_id: str,
         sync: bool = True,
         commit_interval_s: float = 0.0,
-        syncer: SyncerKind = "aio",
+        syncer: SyncerKind = "process",
     ) -> None:
         self.directory = directory
         self.instance_id = instance_id

@@ -1,5 +1,6 @@
-"""The usage journal's syncers: kernel AIO (where Linux offers it) and the thread fallback answer
-alike, on the event loop, once every file is synced, and report a file that cannot be."""
+"""The usage journal's syncers: a child process (the default), kernel AIO (where Linux offers it) and
+the thread fallback answer alike, on the event loop, once every file is synced, and report a file that
+cannot be; a child process that is lost hands its batches to the in-process syncers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import errno
 import os
 import platform
 import random
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -18,7 +20,7 @@ from test_usage import make_record
 from gateway.usage import journal_sync
 from gateway.usage.config import UsageSettings
 from gateway.usage.journal import UsageJournal, encode, read_segments, segments
-from gateway.usage.journal_sync import AioSyncer, Syncer, ThreadSyncer, make_syncer
+from gateway.usage.journal_sync import AioSyncer, ProcessSyncer, Syncer, ThreadSyncer, make_syncer
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +34,12 @@ def aio_or_skip(loop: asyncio.AbstractEventLoop) -> AioSyncer:
         pytest.skip(f"kernel AIO unavailable here: {exc}")
 
 
+def syncer_of(kind: str, loop: asyncio.AbstractEventLoop) -> Syncer:
+    if kind == "process":
+        return ProcessSyncer(loop)
+    return aio_or_skip(loop) if kind == "aio" else ThreadSyncer(loop)
+
+
 async def answer(syncer: Syncer, fds: tuple[int, ...]) -> tuple[BaseException | None, int]:
     """What ``done`` got, and the thread it ran on."""
     answered: asyncio.Future[tuple[BaseException | None, int]] = asyncio.get_running_loop().create_future()
@@ -40,9 +48,9 @@ async def answer(syncer: Syncer, fds: tuple[int, ...]) -> tuple[BaseException | 
 
 
 async def test_a_sync_answers_on_the_loop_once_every_file_is_synced(tmp_path: Path) -> None:
-    for kind in ("aio", "thread"):
+    for kind in ("process", "aio", "thread"):
         loop = asyncio.get_running_loop()
-        syncer = aio_or_skip(loop) if kind == "aio" else ThreadSyncer(loop)
+        syncer = syncer_of(kind, loop)
         fds = tuple(os.open(tmp_path / f"{kind}-{i}", os.O_WRONLY | os.O_CREAT) for i in range(3))
         try:
             for fd in fds:
@@ -57,9 +65,9 @@ async def test_a_sync_answers_on_the_loop_once_every_file_is_synced(tmp_path: Pa
 
 async def test_a_file_that_cannot_be_synced_is_reported(tmp_path: Path) -> None:
     """A pipe has no fsync (EINVAL): the batch's waiters get the error, not a success."""
-    for kind in ("aio", "thread"):
+    for kind in ("process", "aio", "thread"):
         loop = asyncio.get_running_loop()
-        syncer = aio_or_skip(loop) if kind == "aio" else ThreadSyncer(loop)
+        syncer = syncer_of(kind, loop)
         read_end, write_end = os.pipe()
         good = os.open(tmp_path / kind, os.O_WRONLY | os.O_CREAT)
         try:
@@ -76,7 +84,7 @@ async def test_the_journal_syncs_through_kernel_aio_where_linux_has_it() -> None
     if not AIO_EXPECTED:
         pytest.skip("kernel AIO is used on Linux x86_64 and aarch64")
     aio_or_skip(asyncio.get_running_loop()).stop()
-    syncer = make_syncer(asyncio.get_running_loop())
+    syncer = make_syncer(asyncio.get_running_loop(), "aio")
     syncer.stop()
     assert isinstance(syncer, AioSyncer)
 
@@ -88,7 +96,7 @@ async def test_without_kernel_aio_the_journal_syncs_in_a_thread(
         raise OSError(errno.ENOSYS, "no AIO")
 
     monkeypatch.setattr(journal_sync.AioSyncer, "__init__", refuse)
-    journal = UsageJournal(tmp_path, instance_id="thread")
+    journal = UsageJournal(tmp_path, instance_id="thread", syncer="aio")
     journal.open()
     rng = random.Random(16)
     records = [make_record(rng) for _ in range(5)]
@@ -107,3 +115,39 @@ async def test_the_thread_syncer_can_be_chosen(tmp_path: Path) -> None:
     assert isinstance(journal._syncer, ThreadSyncer)
     journal.close(done_seq=0)
     assert len(read_segments(segments(tmp_path))) == 1
+
+
+async def test_the_journal_syncs_in_a_child_process_by_default(tmp_path: Path) -> None:
+    assert UsageSettings(spool_dir=tmp_path).journal_syncer == "process"
+    journal = UsageJournal(tmp_path, instance_id="default")
+    journal.open()
+    await asyncio.wait_for(journal.append(encode(make_record(random.Random(18)))), 60)
+    assert isinstance(journal._syncer, ProcessSyncer)
+    journal.close(done_seq=0)
+    assert len(read_segments(segments(tmp_path))) == 1
+
+
+async def test_a_lost_sync_process_hands_its_batches_to_the_process_itself(tmp_path: Path) -> None:
+    """The child killed with a batch unanswered: that batch and the next are still synced and answered
+    (by the kernel AIO syncer or the thread), none is lost or answered twice."""
+    loop = asyncio.get_running_loop()
+    syncer = ProcessSyncer(loop)
+    fd = os.open(tmp_path / "segment", os.O_WRONLY | os.O_CREAT)
+    try:
+        os.write(fd, b"usage\n")
+        assert await answer(syncer, (fd,)) == (None, threading.get_ident())
+        os.kill(syncer._process.pid, signal.SIGSTOP)  # it takes the next batch and never answers
+        answers: list[BaseException | None] = []
+        unanswered: asyncio.Future[None] = loop.create_future()
+        syncer.sync((fd,), lambda error: (answers.append(error), unanswered.set_result(None)))
+        await asyncio.sleep(0.1)
+        assert answers == []
+        syncer._process.kill()
+        await asyncio.wait_for(unanswered, 30)
+        assert answers == [None]
+        assert not isinstance(syncer._fallback, ProcessSyncer | None)
+        assert await answer(syncer, (fd,)) == (None, threading.get_ident())
+        assert answers == [None]
+    finally:
+        syncer.stop()
+        os.close(fd)
