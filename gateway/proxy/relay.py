@@ -269,7 +269,15 @@ class RelayResponse(Response):
 
         watcher = asyncio.get_running_loop().create_task(watch_for_disconnect())
         try:
-            await (self._send_stream(send) if self.stream else self._send_json(send))
+            if self.stream:
+                await self._send_stream(send)
+            else:
+                status, payload = await self.relay.json_answer()
+                # The engine is done: nothing is left for a disconnect to stop, and the answer is
+                # billed whole either way. Stopped now, the watcher takes no loop turns while the
+                # answer waits for its journal sync (in a burst of short answers, it often never runs).
+                watcher.cancel()
+                await self._send_json(send, status, payload)
         except asyncio.CancelledError:
             if not disconnected:
                 raise  # cancelled from outside (shutdown): not ours to swallow
@@ -287,8 +295,7 @@ class RelayResponse(Response):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         await self.relay.send_stream(send)
 
-    async def _send_json(self, send: Send) -> None:
-        status, payload = await self.relay.json_answer()
+    async def _send_json(self, send: Send, status: int, payload: bytes) -> None:
         await self.relay.commit()
         headers = [*self.raw_headers, (b"content-length", str(len(payload)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
