@@ -122,6 +122,7 @@ typedef struct {
     const uint16_t *d; /* [N, nb] float16 (TERN_Q4_TILED, q4_1: like m) */
     const uint16_t *m; /* q4_1 only: [N / TILE_N rounded up, nb, TILE_N] float16 (see kernels.tile_blocks) */
     int64_t nb;
+    int64_t row0; /* the weight row qs starts at (a tile's codes unpacked apart: unpack_q5_0), else 0 */
 } Weights;
 
 /* float16 -> float32, count of them (8 at a time where the CPU has F16C). */
@@ -174,7 +175,7 @@ static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
 #if defined(TERN_AVX512)
 /* Block b of weight row n as 32 int16 codes, in the order of the row's activations. */
 static inline __attribute__((always_inline)) __m512i block_codes(const Weights *w, int64_t n, int64_t b, const int Q4) {
-    const uint8_t *wb = w->qs + (n * w->nb + b) * CODE_BYTES(Q4);
+    const uint8_t *wb = w->qs + ((n - w->row0) * w->nb + b) * CODE_BYTES(Q4);
     _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
     if (Q4 == FMT_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
 #ifdef __AVX512VL__
@@ -228,7 +229,7 @@ static inline __attribute__((always_inline)) void tile(const Weights *w, const f
 /* Block b of weight row n as int16 codes: elements 0..15 into *first, 16..31 into *second. */
 static inline __attribute__((always_inline)) void block_codes(const Weights *w, int64_t n, int64_t b, const int Q4,
                                                               __m256i *first, __m256i *second) {
-    const uint8_t *wb = w->qs + (n * w->nb + b) * CODE_BYTES(Q4);
+    const uint8_t *wb = w->qs + ((n - w->row0) * w->nb + b) * CODE_BYTES(Q4);
     _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
     if (Q4 != FMT_Q8_0) { /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
         const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(Q4 == FMT_Q5_0 ? wb + 4 : wb)));
@@ -278,16 +279,16 @@ static inline __attribute__((always_inline)) void tile(const Weights *w, const f
 static inline int block_dot(const Weights *w, int64_t n, int64_t b, const int16_t *qx, const int Q4) {
     int sum = 0;
     if (Q4 == FMT_Q4_1) {
-        const uint8_t *wq = w->qs + (n * w->nb + b) * 16;
+        const uint8_t *wq = w->qs + ((n - w->row0) * w->nb + b) * 16;
         for (int k = 0; k < 16; k++) sum += (wq[k] & 0x0F) * qx[k] + (wq[k] >> 4) * qx[k + 16];
     } else if (Q4 == FMT_Q5_0) {
-        const uint8_t *wq = w->qs + (n * w->nb + b) * 20;
+        const uint8_t *wq = w->qs + ((n - w->row0) * w->nb + b) * 20;
         const uint32_t high = (uint32_t)wq[0] | (uint32_t)wq[1] << 8 | (uint32_t)wq[2] << 16 | (uint32_t)wq[3] << 24;
         for (int k = 0; k < 16; k++)
             sum += ((int)((wq[4 + k] & 0x0F) | ((high >> k) & 1) << 4) - 16) * qx[k] +
                    ((int)((wq[4 + k] >> 4) | ((high >> (k + 16)) & 1) << 4) - 16) * qx[k + 16];
     } else {
-        const int8_t *wq = (const int8_t *)w->qs + (n * w->nb + b) * QK;
+        const int8_t *wq = (const int8_t *)w->qs + ((n - w->row0) * w->nb + b) * QK;
         for (int k = 0; k < QK; k++) sum += wq[k] * qx[k];
     }
     return sum;
@@ -388,6 +389,41 @@ static void matmul_tiled_q4_1(const Weights *w, const QuantizedRows *x, int64_t 
 }
 #endif
 
+/* q5_0 weight rows [n0, n1) as q8_0's int8 codes q - 16, [n1 - n0, nb, 32]. A call of more than one group
+ * of 4 rows unpacks each block of a tile once for all of them, not once a group, then runs the q8_0
+ * micro-kernels on it: the same int16 codes and the same arithmetic for each element, so a row's result
+ * is the one the q5_0 micro-kernels give it in a smaller batch. */
+static void unpack_q5_0(const Weights *w, int64_t n0, int64_t n1, int8_t *codes) {
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t b = 0; b < w->nb; b++) {
+            const uint8_t *wb = w->qs + (n * w->nb + b) * 20;
+            int8_t *dst = codes + ((n - n0) * w->nb + b) * QK;
+            uint32_t high;
+            memcpy(&high, wb, sizeof high);
+#ifdef __AVX2__ /* bytes: the low nibbles (elements 0..15), then the high ones (16..31), -16 where bit j is clear */
+            const __m128i raw = _mm_loadu_si128((const __m128i *)(wb + 4));
+            const __m256i both = _mm256_and_si256(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), _mm256_set1_epi8(0x0F));
+#if defined(TERN_AVX512) && defined(__AVX512VL__)
+            const __m256i q = _mm256_mask_sub_epi8(both, (__mmask32)~high, both, _mm256_set1_epi8(16));
+#else /* byte j of the four bytes' broadcast, or'ed with all bits but bit j % 8, is 0xFF where bit j is set */
+            const __m256i spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32((int)high), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                0x0101010101010101, 0x0000000000000000));
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
+                                                  _mm256_set1_epi64x(-1));
+            const __m256i q = _mm256_sub_epi8(both, _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
+#endif
+            _mm256_storeu_si256((__m256i *)dst, q);
+#else
+            for (int k = 0; k < 16; k++) {
+                dst[k] = (int8_t)((int)((wb[4 + k] & 0x0F) | ((high >> k) & 1) << 4) - 16);
+                dst[k + 16] = (int8_t)((int)((wb[4 + k] >> 4) | ((high >> (k + 16)) & 1) << 4) - 16);
+            }
+#endif
+        }
+}
+
 /* Weight rows per micro-kernel (at most 4). 2 keeps AVX2's 16 registers from spilling at 4 rows of x;
  * 4 measured slower with AVX-512 too (docs/engine.md, "On an Intel Xeon with AMX"). */
 #define TILE_COLUMNS 2
@@ -437,16 +473,18 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
     int failed = 0;
 #pragma omp parallel reduction(| : failed)
     {
-        /* this thread's tile's scales, then (q4_1) its mins */
+        /* this thread's tile's scales, then (q4_1) its mins; (q5_0, more than 4 rows) its codes unpacked */
+        const int unpack = format == FMT_Q5_0 && M > 4;
         float *scales = (float *)malloc((size_t)(TILE_N * w->nb * (q4 ? 2 : 1)) * sizeof(float));
-        failed = scales == NULL;
+        int8_t *unpacked = unpack ? (int8_t *)malloc((size_t)(TILE_N * w->nb * QK)) : NULL;
+        failed = scales == NULL || (unpack && unpacked == NULL);
         /* Guided: each thread first takes a long run of consecutive tiles (one stream through the
          * weight, which the prefetchers follow: twice as fast as tiles handed out one by one), then
          * shorter runs, so that when the OS preempts one thread (the server's event loop and a client
          * share the cores) the other takes over the tail instead of waiting for it. */
 #pragma omp for schedule(guided)
         for (int64_t t = 0; t < tiles; t++) {
-            if (!scales) continue;
+            if (failed) continue;
             const int64_t n_begin = t * TILE_N;
             const int64_t n_end = n_begin + TILE_N < N ? n_begin + TILE_N : N;
             tile_scales(w, n_begin, n_end, scales);
@@ -455,6 +493,13 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
                 tile_mins(w, t, mins);
                 TILE_LOOP(FMT_Q4_1);
                 add_min_terms(mins, &q, M, w->nb, n_begin, n_end, N, out);
+            } else if (unpack) {
+                unpack_q5_0(w, n_begin, n_end, unpacked);
+                const Weights codes = {(const uint8_t *)unpacked, w->d, NULL, w->nb, n_begin};
+                {
+                    const Weights *w = &codes; /* the q8_0 micro-kernels on this tile's codes */
+                    TILE_LOOP(FMT_Q8_0);
+                }
             } else if (format == FMT_Q5_0) {
                 TILE_LOOP(FMT_Q5_0);
             } else {
@@ -462,6 +507,7 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
             }
         }
         free(scales);
+        free(unpacked);
     }
     free_rows(&q);
     return failed ? -1 : 0;
