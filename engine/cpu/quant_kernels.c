@@ -169,6 +169,30 @@ static void tile_scales(const Weights *w, int64_t n0, int64_t n1, float *out) {
     halves_to_floats(w->d + n0 * w->nb, (n1 - n0) * w->nb, out);
 }
 
+#ifdef __AVX2__
+/* A q5_0 block's 32 codes q - 16 in int8, in element order, from its 20 bytes (wb: fifth bits, then
+ * nibbles): the 16 bytes' low nibbles (elements 0..15), then their high ones (16..31), less 16 where
+ * fifth bit j is clear. With AVX-512 (VL) that is one masked subtract by the bits; with AVX2, byte j of
+ * the bits' broadcast, or'ed with every bit but bit j % 8, is 0xFF where bit j is set. */
+static inline __attribute__((always_inline)) __m256i q5_0_bytes(const uint8_t *wb) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)(wb + 4));
+    const __m256i both = _mm256_and_si256(
+        _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), _mm256_set1_epi8(0x0F));
+    uint32_t high;
+    memcpy(&high, wb, sizeof high);
+#if defined(TERN_AVX512) && defined(__AVX512VL__)
+    return _mm256_mask_sub_epi8(both, (__mmask32)~high, both, _mm256_set1_epi8(16));
+#else
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)high),
+                                               _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                 0x0101010101010101, 0x0000000000000000));
+    const __m256i set =
+        _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)), _mm256_set1_epi64x(-1));
+    return _mm256_sub_epi8(both, _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
+#endif
+}
+#endif
+
 /* The micro-kernel: RR rows of x from r0 against CC weight rows from n0, whose float scales start at
  * dw (dw[j * nb + b]: weight row n0 + j, block b). Q4 (FMT_*, a constant at each use) picks the weight
  * format, which only changes how a block's codes are unpacked. */
@@ -178,30 +202,12 @@ static inline __attribute__((always_inline)) __m512i block_codes(const Weights *
     const uint8_t *wb = w->qs + ((n - w->row0) * w->nb + b) * CODE_BYTES(Q4);
     _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
     if (Q4 == FMT_Q8_0) return _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)wb));
-#ifdef __AVX512VL__
-    if (Q4 == FMT_Q5_0) {
-        /* in bytes (256-bit operations, one 512-bit widening, as q8_0's): the 16 bytes' low nibbles
-         * (elements 0..15), then their high ones (16..31); byte j - 16 where fifth bit j is clear */
-        const __m128i raw = _mm_loadu_si128((const __m128i *)(wb + 4));
-        const __m256i both = _mm256_and_si256(
-            _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), _mm256_set1_epi8(0x0F));
-        uint32_t high;
-        memcpy(&high, wb, sizeof high);
-        return _mm512_cvtepi8_epi16(_mm256_mask_sub_epi8(both, (__mmask32)~high, both, _mm256_set1_epi8(16)));
-    }
-#endif
-    const uint8_t *nibbles = Q4 == FMT_Q5_0 ? wb + 4 : wb;
+    if (Q4 == FMT_Q5_0) return _mm512_cvtepi8_epi16(q5_0_bytes(wb)); /* in bytes, then widened as q8_0's */
     /* the block's 16 bytes in both halves: lanes 0..15 keep the low nibbles (elements 0..15), lanes
      * 16..31 are shifted to the high ones (elements 16..31) */
     const __m512i shifts = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
-    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nibbles)));
-    const __m512i codes = _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi16(0x0F));
-    if (Q4 == FMT_Q4_1) return codes;
-    /* q5_0: lane j is element j, the fifth bits a lane mask; q - 16 is the nibble where the bit is set,
-     * the nibble - 16 where it is not */
-    uint32_t high;
-    memcpy(&high, wb, sizeof high);
-    return _mm512_mask_sub_epi16(codes, (__mmask32)~high, codes, _mm512_set1_epi16(16));
+    const __m512i bytes = _mm512_cvtepu8_epi16(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)wb)));
+    return _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi16(0x0F));
 }
 
 /* One block a register: one vpmaddwd, one conversion and one FMA per block, row and column. */
@@ -231,20 +237,14 @@ static inline __attribute__((always_inline)) void block_codes(const Weights *w, 
                                                               __m256i *first, __m256i *second) {
     const uint8_t *wb = w->qs + ((n - w->row0) * w->nb + b) * CODE_BYTES(Q4);
     _mm_prefetch((const char *)wb + PREFETCH_BYTES, _MM_HINT_T0);
-    if (Q4 != FMT_Q8_0) { /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
-        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(Q4 == FMT_Q5_0 ? wb + 4 : wb)));
+    if (Q4 == FMT_Q5_0) { /* in bytes, then widened as q8_0's */
+        const __m256i codes = q5_0_bytes(wb);
+        *first = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(codes));
+        *second = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(codes, 1));
+    } else if (Q4 == FMT_Q4_1) { /* each byte widened to int16 once, then split: low nibbles (elements 0..15), high (16..31) */
+        const __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)wb));
         *first = _mm256_and_si256(bytes, _mm256_set1_epi16(0x0F));
         *second = _mm256_srli_epi16(bytes, 4);
-        if (Q4 == FMT_Q5_0) { /* lane j's fifth bit: -16 where it is clear (q - 16 = nibble + 16 * bit - 16) */
-            const __m256i bits = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
-                                                   16384, (short)0x8000);
-            uint32_t high;
-            memcpy(&high, wb, sizeof high);
-            const __m256i set0 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)high), bits), bits);
-            const __m256i set1 = _mm256_cmpeq_epi16(_mm256_and_si256(_mm256_set1_epi16((short)(high >> 16)), bits), bits);
-            *first = _mm256_sub_epi16(*first, _mm256_andnot_si256(set0, _mm256_set1_epi16(16)));
-            *second = _mm256_sub_epi16(*second, _mm256_andnot_si256(set1, _mm256_set1_epi16(16)));
-        }
     } else {
         *first = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wb));
         *second = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wb + 16)));
@@ -398,24 +398,11 @@ static void unpack_q5_0(const Weights *w, int64_t n0, int64_t n1, int8_t *codes)
         for (int64_t b = 0; b < w->nb; b++) {
             const uint8_t *wb = w->qs + (n * w->nb + b) * 20;
             int8_t *dst = codes + ((n - n0) * w->nb + b) * QK;
+#ifdef __AVX2__
+            _mm256_storeu_si256((__m256i *)dst, q5_0_bytes(wb));
+#else
             uint32_t high;
             memcpy(&high, wb, sizeof high);
-#ifdef __AVX2__ /* bytes: the low nibbles (elements 0..15), then the high ones (16..31), -16 where bit j is clear */
-            const __m128i raw = _mm_loadu_si128((const __m128i *)(wb + 4));
-            const __m256i both = _mm256_and_si256(
-                _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1), _mm256_set1_epi8(0x0F));
-#if defined(TERN_AVX512) && defined(__AVX512VL__)
-            const __m256i q = _mm256_mask_sub_epi8(both, (__mmask32)~high, both, _mm256_set1_epi8(16));
-#else /* byte j of the four bytes' broadcast, or'ed with all bits but bit j % 8, is 0xFF where bit j is set */
-            const __m256i spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32((int)high), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
-                                                                0x0101010101010101, 0x0000000000000000));
-            const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe)),
-                                                  _mm256_set1_epi64x(-1));
-            const __m256i q = _mm256_sub_epi8(both, _mm256_andnot_si256(set, _mm256_set1_epi8(16)));
-#endif
-            _mm256_storeu_si256((__m256i *)dst, q);
-#else
             for (int k = 0; k < 16; k++) {
                 dst[k] = (int8_t)((int)((wb[4 + k] & 0x0F) | ((high >> k) & 1) << 4) - 16);
                 dst[k + 16] = (int8_t)((int)((wb[4 + k] >> 4) | ((high >> (k + 16)) & 1) << 4) - 16);
