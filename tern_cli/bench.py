@@ -17,6 +17,10 @@ BENCHMARKS = {
         "bench.gateway.ab",
         "the gateway's CPU per request, source trees side by side in one sitting (e.g. a parent commit)",
     ),
+    "journal-sync": (
+        "bench.gateway.journal_sync",
+        "how long a usage journal batch waits for its sync: child process, kernel AIO, thread",
+    ),
     "upstream-client": (
         "bench.gateway.upstream_client",
         "httpx against aiohttp for the gateway-to-engine hop",
