@@ -117,7 +117,6 @@ def library() -> ctypes.CDLL | None:
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     lib.tern_matmul_q4_1.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
     lib.tern_matmul_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
-    lib.tern_matmul_q5_0.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
     lib.tern_q4_1_tiled.argtypes = []
     lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows.restype = None
