@@ -2,7 +2,7 @@
 
     python -m bench.engine.kernel_model [--march sapphirerapids] [--mcpu icelake-server]
 
-Compiles the AVX-512 tiles and the VNNI kernel of ``engine/cpu/quant_kernels.c`` for
+Compiles the AVX-512 tiles and the VNNI kernel (``engine/cpu/quant_kernels.c``, ``q4_1_tiled_kernels.c``) for
 ``--march`` (GCC, as the engine builds them), takes each micro-kernel's
 inner loop (one block) from the assembly and asks ``llvm-mca`` how many cycles an iteration costs
 on ``--mcpu``'s scheduling model. Prints JSON: multiply-adds per cycle for each micro-kernel.
@@ -35,13 +35,14 @@ DOT = re.compile(r"\bvp(dpwssd|maddwd)\b")
 
 
 def wrappers() -> str:
-    source = kernels.SOURCES[0]  # quant_kernels.c
+    by_name = {source.name: source for source in kernels.SOURCES}
+    sources = (by_name["quant_kernels.c"], by_name["q4_1_tiled_kernels.c"])
     calls = "".join(
         f"void {name}(const Weights *w, const float *dw, const QuantizedRows *x, int64_t N, float *out)"
         f" {{ (void)dw; {call}; }}\n"
         for name, (call, _) in KERNELS.items()
     )
-    return f'#include "{source}"\n{calls}'
+    return "".join(f'#include "{source}"\n' for source in sources) + calls
 
 
 def block_loop(assembly: list[str], name: str) -> list[str]:

@@ -23,7 +23,9 @@ log = logging.getLogger(__name__)
 SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
+        "quant_rows.c",
         "quant_kernels.c",
+        "q4_1_tiled_kernels.c",
         "kquant_kernels.c",
         "kquant_tiled_kernels.c",
         "q6_k_tiled_kernels.c",
@@ -33,11 +35,13 @@ SOURCES = tuple(
         "ternary_activations.c",
     )
 )
-INCLUDES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h"))
+INCLUDES = tuple(
+    Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h", "quant_rows.h")
+)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 VNNI_ENV = "TERN_CPU_VNNI"
 """Set to 0 to build q4_1 with the AVX-512 tiles where the CPU has AVX-512 VNNI, whose own kernel
-(weights tile by tile, ``tiled_q4_1`` in quant_kernels.c) is otherwise the one built: to compare the
+(weights tile by tile, ``tiled_q4_1`` in q4_1_tiled_kernels.c) is otherwise the one built: to compare the
 two on one machine (docs/engine.md, "The VNNI q4_1 kernel")."""
 AVX512_ENV = "TERN_CPU_AVX512"
 """Set to 0 to build the AVX2 kernels where the CPU has AVX-512 (``TERN_NO_AVX512`` in kernels.h): the

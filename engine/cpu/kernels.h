@@ -18,7 +18,7 @@
 #define TERN_AVX512 1
 #endif
 
-/* q4_1 with VNNI's vpdpwssd and the weight stored tile by tile (quant_kernels.c, tiled_q4_1) wherever the
+/* q4_1 with VNNI's vpdpwssd and the weight stored tile by tile (q4_1_tiled_kernels.c, tiled_q4_1) wherever the
  * CPU has AVX-512 VNNI: on a Xeon 1.1-2x the tiles above at one row, 2-3x at 16 and 128 (docs/engine.md,
  * "The VNNI q4_1 kernel"). -DTERN_NO_Q4_VNNI (TERN_CPU_VNNI=0, engine/cpu/kernels.py) builds the tiles'
  * q4_1 instead. */

@@ -87,7 +87,7 @@ def tile_blocks(values: torch.Tensor) -> torch.Tensor:
 def tile_q4_1(packed: torch.Tensor) -> torch.Tensor:
     """GGUF-order q4_1 bytes [N, K / 2] -> [N / 16 rounded up, K / 32, 8, 32] bytes, zero past N: chunk
     j of a tile's block holds, at byte 2c + e, column c's element 4j + e in its low nibble and 4j + 2 + e
-    in its high one (the VNNI kernel's pairs; ``tiled_q4_1`` in quant_kernels.c)."""
+    in its high one (the VNNI kernel's pairs; ``tiled_q4_1`` in q4_1_tiled_kernels.c)."""
     n, half = packed.shape
     tiles, blocks, _ = tiles_shape(n, half * 2)
     codes = torch.zeros(tiles * TILE_N, half * 2, dtype=torch.uint8)

@@ -28,11 +28,7 @@
 #include <string.h>
 
 #include "kernels.h"
-
-#define QK 32       /* elements per block */
-#define TILE_N 16   /* output columns (weight rows) per tile */
-
-#define QMAX 32767.0f
+#include "quant_rows.h"
 
 /* The weight formats of the row-by-row tiles (a constant at each use of the micro-kernels). */
 #define FMT_Q8_0 0
@@ -41,89 +37,10 @@
 /* Bytes of codes a block: q5_0's fifth bits (4 bytes) and nibbles (16), its scale apart as q8_0's. */
 #define CODE_BYTES(F) ((F) == FMT_Q8_0 ? QK : (F) == FMT_Q4_1 ? 16 : 20)
 
-/* How far ahead of the block being read the weight stream is prefetched. A decode step streams
- * every weight from memory once; without it the 2 cores read them at 7 GB/s, with it at about 12
- * (tern bench cpu-linears; the hardware prefetcher loses the stream at each tile's start). */
-#define PREFETCH_BYTES 1024
-
-/* x [K] -> qs [K] int16 with one scale for the row, d (the scale) and s [K/32] (d * the sum of
- * each block's codes). One scale per row, not per block: it can then be applied once, after the
- * sum over blocks, which saves a multiply per block, row and column; at 15 bits it is still finer
- * than the bf16 rounding of torch's kernels. */
-static void quantize_row(const float *x, int64_t K, int16_t *qs, float *d, float *s) {
-    float amax = 0.0f;
-    int64_t k = 0;
-#ifdef __AVX2__ /* the same values as the scalar loops below (a max is exact; cvtps rounds to even) */
-    __m256 vmax = _mm256_setzero_ps();
-    for (; k + 8 <= K; k += 8) vmax = _mm256_max_ps(vmax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(x + k)));
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-#endif
-    for (; k < K; k++) amax = fmaxf(amax, fabsf(x[k]));
-    const float scale = amax / QMAX;
-    const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
-    for (int64_t b = 0; b < K / QK; b++) {
-        int sum = 0;
-#ifdef __AVX2__
-        __m256i sums = _mm256_setzero_si256();
-        for (int j = 0; j < QK; j += 8) {
-            const __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * QK + j), _mm256_set1_ps(inv)));
-            sums = _mm256_add_epi32(sums, q);
-            const __m128i packed = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
-            _mm_storeu_si128((__m128i *)(qs + b * QK + j), packed);
-        }
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-        sum = _mm_cvtsi128_si32(s4);
-#else
-        for (int j = 0; j < QK; j++) {
-            const int q = (int)nearbyintf(x[b * QK + j] * inv);
-            qs[b * QK + j] = (int16_t)q;
-            sum += q;
-        }
-#endif
-        s[b] = scale * (float)sum;
-    }
-    *d = scale;
-}
-
-typedef struct {
-    int16_t *qs;
-    float *d;
-    float *s;
-} QuantizedRows;
-
-static int quantize_rows(const float *x, int64_t M, int64_t K, QuantizedRows *q) {
-    const int64_t nb = K / QK;
-    q->qs = (int16_t *)malloc((size_t)(M * K) * sizeof(int16_t));
-    q->d = (float *)malloc((size_t)M * sizeof(float));
-    q->s = (float *)malloc((size_t)(M * nb) * sizeof(float));
-    if (!q->qs || !q->d || !q->s) return -1;
-#pragma omp parallel for schedule(static) if (M >= 4)
-    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, q->qs + r * K, q->d + r, q->s + r * nb);
-    return 0;
-}
-
-static void free_rows(QuantizedRows *q) {
-    free(q->qs);
-    free(q->d);
-    free(q->s);
-}
-
 /* Micro-kernels: RR rows of x against CC weight rows, every output element one float accumulator
  * over the blocks in order, then its horizontal sum (q4_1's min term is added per tile): the same arithmetic
  * for an element whichever micro-kernel computes it, so the result does not depend on the batch.
  * Several elements at once hide the latency of each accumulator's chain of FMAs. */
-typedef struct {
-    const uint8_t *qs; /* q4_1: [N, nb, 16] bytes (TERN_Q4_TILED: see tiled_q4_1); q8_0: [N, nb, 32] int8;
-                          q5_0: [N, nb, 20] bytes, a block's fifth bits then nibbles as GGUF stores them */
-    const uint16_t *d; /* [N, nb] float16 (TERN_Q4_TILED, q4_1: like m) */
-    const uint16_t *m; /* q4_1 only: [N / TILE_N rounded up, nb, TILE_N] float16 (see kernels.tile_blocks) */
-    int64_t nb;
-    int64_t row0; /* the weight row qs starts at (a tile's codes unpacked apart: unpack_q5_0), else 0 */
-} Weights;
 
 /* float16 -> float32, count of them (8 at a time where the CPU has F16C). */
 static void halves_to_floats(const uint16_t *h, int64_t count, float *out) {
@@ -308,87 +225,6 @@ static inline void tile(const Weights *w, const float *dw, const QuantizedRows *
 }
 #endif
 
-#ifdef TERN_Q4_TILED
-/* q4_1 with AVX-512 VNNI (where the CPU has it; TERN_CPU_VNNI=0 turns it off, see kernels.h). The weight
- * is stored tile by tile so that one register holds a pair of codes from each of the tile's 16 columns
- * (kernels.tile_q4_1): for tile t and block b, 8 chunks of 32 bytes, chunk j's byte 2c + e holding column
- * c's element 4j + e in its low nibble and 4j + 2 + e in its high one. Widened to int16, each half of a
- * chunk then meets one pair of a row's int16 codes, broadcast: vpdpwssd multiplies and adds both products
- * into the column's int32 lane, so a block costs a row 16 instructions for 16 columns (the tiles above: a
- * multiply-add, a conversion and an FMA per column) and its dot products are exact integers (at most 32 *
- * 15 * 32767 < 2^24, so the conversion to float is exact too). Then one FMA per block applies the 16
- * columns' scales, in block order: each element the same arithmetic in any batch. */
-static inline int32_t code_pair(const int16_t *codes) {
-    int32_t pair;
-    memcpy(&pair, codes, sizeof pair);
-    return pair;
-}
-
-static inline __attribute__((always_inline)) void tiled_q4_1(const Weights *w, int64_t t, const QuantizedRows *x,
-                                                             int64_t r0, int64_t N, float *out, const int RR) {
-    const int64_t nb = w->nb, K = nb * QK, n0 = t * TILE_N;
-    const uint8_t *codes = w->qs + t * nb * (TILE_N * QK / 2);
-    const uint16_t *d = w->d + t * nb * TILE_N, *m = w->m + t * nb * TILE_N;
-    __m512 acc[8], mins[8];
-    for (int i = 0; i < RR; i++) acc[i] = mins[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *block = codes + b * (TILE_N * QK / 2);
-        for (int line = 0; line < TILE_N * QK / 2; line += 64)
-            _mm_prefetch((const char *)block + PREFETCH_BYTES + line, _MM_HINT_T0);
-        /* Up to 4 rows, the high halves go to a second chain (integer sums: the same result), so that
-         * a decode step's one row is not held up by the latency of one chain of 16. */
-        __m512i dots[8], highs[8];
-        for (int i = 0; i < RR; i++) dots[i] = _mm512_setzero_si512();
-        for (int i = 0; i < RR && RR <= 4; i++) highs[i] = _mm512_setzero_si512();
-#pragma GCC unroll 8
-        for (int j = 0; j < QK / 4; j++) {
-            const __m512i both = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(block + 32 * j)));
-            const __m512i low = _mm512_and_si512(both, _mm512_set1_epi16(0x0F)), high = _mm512_srli_epi16(both, 4);
-            for (int i = 0; i < RR; i++) {
-                const int16_t *xb = x->qs + (r0 + i) * K + b * QK + 4 * j;
-                dots[i] = _mm512_dpwssd_epi32(dots[i], low, _mm512_set1_epi32(code_pair(xb)));
-                if (RR <= 4)
-                    highs[i] = _mm512_dpwssd_epi32(highs[i], high, _mm512_set1_epi32(code_pair(xb + 2)));
-                else
-                    dots[i] = _mm512_dpwssd_epi32(dots[i], high, _mm512_set1_epi32(code_pair(xb + 2)));
-            }
-        }
-        for (int i = 0; i < RR && RR <= 4; i++) dots[i] = _mm512_add_epi32(dots[i], highs[i]);
-        const __m512 db = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(d + b * TILE_N)));
-        const __m512 mb = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(m + b * TILE_N)));
-        for (int i = 0; i < RR; i++) {
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[i]), db, acc[i]);
-            mins[i] = _mm512_fmadd_ps(_mm512_set1_ps(x->s[(r0 + i) * nb + b]), mb, mins[i]);
-        }
-    }
-    const __mmask16 columns = N - n0 >= TILE_N ? 0xFFFF : (__mmask16)((1u << (N - n0)) - 1);
-    for (int i = 0; i < RR; i++)
-        _mm512_mask_storeu_ps(out + (r0 + i) * N + n0, columns,
-                              _mm512_fmadd_ps(acc[i], _mm512_set1_ps(x->d[r0 + i]), mins[i]));
-}
-
-/* Every tile against all rows of x: 8 rows at a time (24 of the 32 registers accumulate), then the
- * rest in one micro-kernel. */
-static void matmul_tiled_q4_1(const Weights *w, const QuantizedRows *x, int64_t M, int64_t N, float *out) {
-    const int64_t tiles = (N + TILE_N - 1) / TILE_N;
-#pragma omp parallel for schedule(guided)
-    for (int64_t t = 0; t < tiles; t++) {
-        int64_t r0 = 0;
-        for (; r0 + 8 <= M; r0 += 8) tiled_q4_1(w, t, x, r0, N, out, 8);
-        switch (M - r0) {
-        case 7: tiled_q4_1(w, t, x, r0, N, out, 7); break;
-        case 6: tiled_q4_1(w, t, x, r0, N, out, 6); break;
-        case 5: tiled_q4_1(w, t, x, r0, N, out, 5); break;
-        case 4: tiled_q4_1(w, t, x, r0, N, out, 4); break;
-        case 3: tiled_q4_1(w, t, x, r0, N, out, 3); break;
-        case 2: tiled_q4_1(w, t, x, r0, N, out, 2); break;
-        case 1: tiled_q4_1(w, t, x, r0, N, out, 1); break;
-        default: break;
-        }
-    }
-}
-#endif
-
 /* q5_0 weight rows [n0, n1) as q8_0's int8 codes q - 16, [n1 - n0, nb, 32]. A call of more than one group
  * of 4 rows unpacks each block of a tile once for all of them, not once a group, then runs the q8_0
  * micro-kernels on it: the same int16 codes and the same arithmetic for each element, so a row's result
@@ -445,14 +281,14 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
     const int q4 = format == FMT_Q4_1;
     if (K % QK) return -2;
     QuantizedRows q;
-    if (quantize_rows(x, M, K, &q)) {
-        free_rows(&q);
+    if (tern_rows_quantize(x, M, K, &q)) {
+        tern_rows_free(&q);
         return -1;
     }
 #ifdef TERN_Q4_TILED
     if (q4) {
-        matmul_tiled_q4_1(w, &q, M, N, out);
-        free_rows(&q);
+        tern_matmul_tiled_q4_1(w, &q, M, N, out);
+        tern_rows_free(&q);
         return 0;
     }
 #endif
@@ -496,7 +332,7 @@ static int matmul(const float *x, int64_t M, int64_t K, const Weights *w, int64_
         free(scales);
         free(unpacked);
     }
-    free_rows(&q);
+    tern_rows_free(&q);
     return failed ? -1 : 0;
 }
 
@@ -525,10 +361,6 @@ int tern_matmul_q5_0(const float *x, int64_t M, int64_t K, const uint8_t *wq, co
 }
 
 /* The activation quantizer alone, for the reference test: qs [M, K], d and s [M, K/32]. */
-void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s) {
-    const int64_t nb = K / QK;
-    for (int64_t r = 0; r < M; r++) quantize_row(x + r * K, K, qs + r * K, d + r, s + r * nb);
-}
 
 /* 1 where this build reads q4_1 codes and scales tile by tile (the VNNI kernel), 0 where row by row. */
 int tern_q4_1_tiled(void) {
