@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -57,21 +58,26 @@ def test_kquant_extreme_codes_and_scales_do_not_overflow(ggml_type: Q) -> None:
         )
 
 
-@pytest.mark.parametrize("ggml_type", KQUANTS)
-def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None:
-    blocks = torch.from_numpy(random_blocks(ggml_type, 70, 768))
+def assert_rows_are_batch_and_thread_independent(matmul: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Bitwise: 2 threads against 1, and each row alone and as the last of a growing batch."""
     x = torch.randn(11, 768)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        batch = ggml_kernels.matmul_kquant(x, blocks, ggml_type)
+        batch = matmul(x)
         torch.set_num_threads(1)
-        assert torch.equal(ggml_kernels.matmul_kquant(x, blocks, ggml_type), batch)
+        assert torch.equal(matmul(x), batch)
     finally:
         torch.set_num_threads(threads)
     for i in range(x.shape[0]):
-        assert torch.equal(ggml_kernels.matmul_kquant(x[i : i + 1], blocks, ggml_type)[0], batch[i])
-        assert torch.equal(ggml_kernels.matmul_kquant(x[: i + 1], blocks, ggml_type)[i], batch[i])
+        assert torch.equal(matmul(x[i : i + 1])[0], batch[i])
+        assert torch.equal(matmul(x[: i + 1])[i], batch[i])
+
+
+@pytest.mark.parametrize("ggml_type", KQUANTS)
+def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None:
+    blocks = torch.from_numpy(random_blocks(ggml_type, 70, 768))
+    assert_rows_are_batch_and_thread_independent(lambda x: ggml_kernels.matmul_kquant(x, blocks, ggml_type))
 
 
 @pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
@@ -183,18 +189,7 @@ def test_the_q5_0_kernel_matches_the_reference_and_q8_0(fill: int | None, rows: 
 
 def test_q5_0_rows_do_not_depend_on_the_batch_or_threads() -> None:
     codes, scales = ggml_kernels.q5_0_from_blocks(torch.from_numpy(_q5_0_blocks(70, 768)))
-    x = torch.randn(11, 768)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        batch = ggml_kernels.matmul_q5_0(x, codes, scales)
-        torch.set_num_threads(1)
-        assert torch.equal(ggml_kernels.matmul_q5_0(x, codes, scales), batch)
-    finally:
-        torch.set_num_threads(threads)
-    for i in range(x.shape[0]):
-        assert torch.equal(ggml_kernels.matmul_q5_0(x[i : i + 1], codes, scales)[0], batch[i])
-        assert torch.equal(ggml_kernels.matmul_q5_0(x[: i + 1], codes, scales)[i], batch[i])
+    assert_rows_are_batch_and_thread_independent(lambda x: ggml_kernels.matmul_q5_0(x, codes, scales))
 
 
 def test_embedding_rows_are_the_dequantized_table() -> None:
