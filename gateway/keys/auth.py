@@ -7,6 +7,13 @@ so a revocation made through any gateway process is honoured by every other proc
 without cross-process invalidation. Expiry is checked on every request
 against the cached ``expires_at``, so it is exact. ``last_used_at`` is written at most once per
 ``key_last_used_interval_s`` per key and process, never per request.
+
+The key's HMAC (the costliest step of a cache hit) is memoised per process for keys the database
+knew: the hash is a pure function of the key and ``TERN_SECRET``, so the memo decides nothing; the
+TTL cache above still decides, per request, whether the key may be used (revocation, expiry, tenant
+state keep their bounds). It holds at most ``HASH_MEMO_MAX_ENTRIES`` keys (emptied when full; about
+2 MB), so made-up keys, which are never stored, cannot grow it, and keeps presented keys in the
+process's memory, where each request's own copy already sits while it runs.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from gateway.tenants.models import Tenant
 from gateway.ttl_cache import TtlCache
 
 CACHE_MAX_ENTRIES = 10_000
+HASH_MEMO_MAX_ENTRIES = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,15 +73,23 @@ class KeyAuthenticator:
             ttl_s=cache_ttl_s, max_entries=CACHE_MAX_ENTRIES
         )
         self._last_touched: dict[uuid.UUID, float] = {}
+        self._hashes: dict[str, str] = {}
+        """Presented key -> its ``secret_hash``, for keys the database knew (see the module doc)."""
 
     async def authenticate(self, token: str) -> AuthenticatedKey:
         """The key behind ``token``, or an OpenAIError: 401 unknown/revoked/expired, 403 tenant blocked."""
-        if not is_plausible_key(token):
-            raise _invalid_key()
-        secret_hash = hash_key(token, self._secret)
+        secret_hash = self._hashes.get(token)
+        if secret_hash is None:
+            if not is_plausible_key(token):
+                raise _invalid_key()
+            secret_hash = hash_key(token, self._secret)
         state = await self._cache.get(secret_hash, partial(self._load, secret_hash))
         if state is None or not hmac.compare_digest(state.secret_hash, secret_hash):
             raise _invalid_key()
+        if token not in self._hashes:
+            if len(self._hashes) >= HASH_MEMO_MAX_ENTRIES:
+                self._hashes.clear()
+            self._hashes[token] = secret_hash
         now = datetime.now(UTC)
         if state.revoked_at is not None:
             raise OpenAIError(401, "This API key has been revoked.", code="key_revoked")

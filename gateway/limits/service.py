@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -126,7 +126,7 @@ class RateLimiter:
         """
         now = now or self.clock()
         admission = Admission(
-            admission_id=f"{self.instance_id}.{uuid.uuid4().hex}",
+            admission_id=f"{self.instance_id}.{os.urandom(16).hex()}",  # as uuid4().hex, cheaper
             limits=limits,
             admitted_at=now,
             reserved_tokens=reserve,

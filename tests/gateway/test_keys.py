@@ -9,7 +9,8 @@ import httpx
 import pytest
 from credentials import CreateTenantAndKey, bearer
 
-from gateway.keys.format import has_valid_checksum, key_kind
+import gateway.keys.auth
+from gateway.keys.format import generate_key, has_valid_checksum, hash_key, key_kind
 
 pytestmark = pytest.mark.anyio
 
@@ -70,6 +71,43 @@ async def test_revoked_key_is_refused(
     refused = await whoami(client, created["key"])
     assert refused.status_code == 401
     assert refused.json()["error"]["code"] == "key_revoked"
+
+
+async def test_a_known_keys_hash_is_memoised_and_revocation_still_refuses_it(
+    client: httpx.AsyncClient,
+    admin_headers: dict[str, str],
+    create_tenant_and_key: CreateTenantAndKey,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hashed: list[str] = []
+
+    def counting_hash_key(key: str, secret: bytes) -> str:
+        hashed.append(key)
+        return hash_key(key, secret)
+
+    monkeypatch.setattr(gateway.keys.auth, "hash_key", counting_hash_key)
+    tenant, _, _ = await create_tenant_and_key()
+    created = (
+        await client.post(
+            "/admin/keys",
+            json={"tenant_id": tenant["id"], "name": "a", "kind": "admin"},
+            headers=admin_headers,
+        )
+    ).json()
+    for _ in range(3):
+        assert (await whoami(client, created["key"])).status_code == 200
+    assert hashed.count(created["key"]) == 1  # one HMAC, then the memo
+
+    revoked = await client.post(f"/admin/keys/{created['id']}/revoke", headers=admin_headers)
+    assert revoked.status_code == 200
+    refused = await whoami(client, created["key"])
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "key_revoked"
+    assert hashed.count(created["key"]) == 1
+
+    made_up = generate_key("admin")  # plausible but unknown: refused, and never memoised
+    for _ in range(2):
+        assert (await whoami(client, made_up)).status_code == 401
+    assert hashed.count(made_up) == 2
 
 
 async def test_rotation_with_grace_keeps_the_old_key_until_the_grace_ends(
