@@ -119,3 +119,20 @@ def test_json_logs_carry_no_ansi_colour_codes() -> None:
     line = JsonFormatter().format(record)
     assert "\\u001b" not in line and "\x1b" not in line
     assert json.loads(line)["msg"] == "Started server process [42]"
+
+
+def test_json_log_timestamps_are_utc_milliseconds_across_seconds() -> None:
+    """The formatter reuses the last second's text: a record in another second must not get it."""
+    formatter = JsonFormatter()
+    stamps = []
+    for created in (1_764_297_599.25, 1_764_297_599.999, 1_764_297_600.0, 1_700_000_000.5, 1_764_297_599.5):
+        record = logging.LogRecord("tern.access", logging.INFO, "", 0, "request", None, None)
+        record.created, record.msecs = created, int((created - int(created)) * 1000)
+        stamps.append(json.loads(formatter.format(record))["ts"])
+    assert stamps == [
+        "2025-11-28T02:39:59.250+00:00",
+        "2025-11-28T02:39:59.999+00:00",
+        "2025-11-28T02:40:00.000+00:00",
+        "2023-11-14T22:13:20.500+00:00",
+        "2025-11-28T02:39:59.500+00:00",
+    ]
