@@ -6,8 +6,8 @@ quantized type.
 
 The file is mapped copy-on-write: blocks kept are views of the mapping (no copy; what the kernels'
 layout rearranges in place becomes the process's own pages), and the pages of every tensor that was
-converted instead (dequantized or packed) are handed
-back as soon as it is, so loading holds about one copy of the file.
+converted instead (dequantized or packed) are handed back as soon as it is, so loading holds about
+one copy of the file.
 
 llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
 matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its

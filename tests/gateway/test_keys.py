@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 import pytest
@@ -18,6 +19,15 @@ pytestmark = pytest.mark.anyio
 async def whoami(client: httpx.AsyncClient, key: str) -> httpx.Response:
     """Any admin-guarded GET answers 401 for a bad key; with an inference key it answers 403."""
     return await client.get("/admin/tenants", headers=bearer(key))
+
+
+async def create_admin_key(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], tenant_id: str
+) -> dict[str, Any]:
+    """A new admin key "a" of the tenant, as the API returns it (with ``key`` shown once)."""
+    body = {"tenant_id": tenant_id, "name": "a", "kind": "admin"}
+    created: dict[str, Any] = (await client.post("/admin/keys", json=body, headers=admin_headers)).json()
+    return created
 
 
 async def test_create_shows_the_key_once_and_lists_hide_it(
@@ -56,13 +66,7 @@ async def test_revoked_key_is_refused(
     client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
 ) -> None:
     tenant, _, _ = await create_tenant_and_key()
-    created = (
-        await client.post(
-            "/admin/keys",
-            json={"tenant_id": tenant["id"], "name": "a", "kind": "admin"},
-            headers=admin_headers,
-        )
-    ).json()
+    created = await create_admin_key(client, admin_headers, tenant["id"])
     assert (await whoami(client, created["key"])).status_code == 200
 
     revoked = await client.post(f"/admin/keys/{created['id']}/revoke", headers=admin_headers)
@@ -87,13 +91,7 @@ async def test_a_known_keys_hash_is_memoised_and_revocation_still_refuses_it(
 
     monkeypatch.setattr(gateway.keys.auth, "hash_key", counting_hash_key)
     tenant, _, _ = await create_tenant_and_key()
-    created = (
-        await client.post(
-            "/admin/keys",
-            json={"tenant_id": tenant["id"], "name": "a", "kind": "admin"},
-            headers=admin_headers,
-        )
-    ).json()
+    created = await create_admin_key(client, admin_headers, tenant["id"])
     for _ in range(3):
         assert (await whoami(client, created["key"])).status_code == 200
     assert hashed.count(created["key"]) == 1  # one HMAC, then the memo
