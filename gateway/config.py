@@ -86,8 +86,16 @@ class Settings(BaseSettings):
     routing_load_slack: int = Field(4, ge=0)
     routing_min_match: float = Field(0.3, ge=0, le=1)
     prefix_cache_isolation: PrefixCacheIsolation = Field(
-        "shared",
-        description="'shared': tenants share the engines' prefix cache; 'tenant': each tenant has its own.",
+        "tenant",
+        description="'tenant' (the default): each tenant's cached prompts serve only that tenant. 'shared': "
+        "tenants share the engines' prefix cache, for a single organisation only: a tenant can then tell "
+        "from its own answers' cached_tokens whether another tenant sent a prompt.",
+    )
+    engine_cache_salt: bool = Field(
+        True,
+        description="Send the cache namespace to 'openai' engines as vLLM's per-request `cache_salt`, which "
+        "isolates their prefix caches too. Set false for upstreams that reject unknown fields (OpenAI's "
+        "own API); the gateway cannot isolate those engines' caches.",
     )
 
     @field_validator("database_url")

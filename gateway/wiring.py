@@ -166,12 +166,19 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
             model_names=ModelNames(settings.engine_model_map),
             token_counter=TokenCounter(settings.engine_tokenizers),
             routing=settings.routing_policy,
+            sends_cache_salt=settings.engine_cache_salt,
             routing_params=RoutingParams(
                 load_slack=settings.routing_load_slack, min_match=settings.routing_min_match
             ),
         )
         await engine_pool.start()
         stack.push_async_callback(engine_pool.close)
+        if settings.prefix_cache_isolation == "tenant" and not settings.engine_cache_salt:
+            if any(spec.kind == "openai" for spec in settings.engine_specs()):
+                log.warning(
+                    "TERN_ENGINE_CACHE_SALT=false: the prefix caches of 'openai' engines are shared "
+                    "by every tenant (the gateway cannot isolate them)"
+                )
         usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings(), instance_id=instance_id)
         ledger_recovery = LedgerRecovery(pool=engine_pool, recorder=usage_recorder)
         stack.push_async_callback(ledger_recovery.close)

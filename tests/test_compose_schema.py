@@ -137,6 +137,8 @@ def test_gateway_is_scalable(services: dict[str, Any]) -> None:
     assert "ports" not in gateway, "a fixed host port would stop `--scale gateway=3`"
     assert "/healthz" in " ".join(gateway["healthcheck"]["test"])
     assert gateway["environment"]["TERN_ENGINE_URLS"] == "http://engine:8100"
+    # Tenants never share cached prompts unless the operator says so (docs/gateway.md).
+    assert gateway["environment"]["TERN_PREFIX_CACHE_ISOLATION"] == "${TERN_PREFIX_CACHE_ISOLATION:-tenant}"
     assert "--port" in gateway["command"] and "8000" in gateway["command"]
     assert "8000" in gateway["expose"]
 

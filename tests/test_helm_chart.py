@@ -296,6 +296,17 @@ def test_engines_are_listed_one_per_pod(rendered: dict[str, list[Doc]]) -> None:
     assert urls == expected and len(urls) == 2
 
 
+def test_tenants_prefix_caches_are_isolated_unless_the_values_say_shared(
+    example: tuple[str, list[Doc]],
+) -> None:
+    """The safe default in every example: a shared cache lets a tenant see another's prompts as cached."""
+    _, docs = example
+    for gateway in find(docs, "Deployment", "gateway"):
+        assert env(gateway)["TERN_PREFIX_CACHE_ISOLATION"]["value"] == "tenant"
+    shared = render(_merge(example_values("trial"), {"gateway": {"prefixCacheIsolation": "shared"}}))
+    assert env(one(shared, "Deployment", "gateway"))["TERN_PREFIX_CACHE_ISOLATION"]["value"] == "shared"
+
+
 def test_gpu_is_a_values_switch(rendered: dict[str, list[Doc]]) -> None:
     gpu = container(one(rendered["production"], "StatefulSet", "engine"))
     assert gpu["resources"]["limits"]["nvidia.com/gpu"] == 1

@@ -7,13 +7,17 @@ applications does. Each engine's KV cache is kept small (``--kv-cache-gib``) so 
 half of the groups' system prompts: what a cache-aware router is for, since routing each group to
 one engine fits, while round-robin makes both engines hold (and evict) every group.
 
-For each policy: fresh PostgreSQL and Redis (once), two fresh ``tern engine`` processes (one thread
-each), one ``tern gateway`` with ``TERN_ROUTING_POLICY`` set, and the same workload, streamed with
-``stream_options.include_usage`` at a fixed concurrency. Reported per policy: the prefix-cache hit
-rate (``cached_tokens`` over ``prompt_tokens``, as the engines reported in usage) and TTFT p50/p99
-at the client. Prints one JSON object.
+For each policy and prefix-cache isolation: fresh PostgreSQL and Redis (once), two fresh ``tern
+engine`` processes (one thread each), one ``tern gateway`` with ``TERN_ROUTING_POLICY`` and
+``TERN_PREFIX_CACHE_ISOLATION`` set, and the same workload, streamed with
+``stream_options.include_usage`` at a fixed concurrency. With ``--tenants N`` the requests take turns
+among N tenants' keys, as N applications sharing one system prompt would: under the default
+isolation (``tenant``) each tenant caches the prompt once for itself. Reported per run: the
+prefix-cache hit rate (``cached_tokens`` over ``prompt_tokens``, as the engines reported in usage)
+and TTFT p50/p99 at the client. Prints one JSON object.
 
     python -m bench.gateway.prefix_routing --num-groups 8 --prompts-per-group 8
+    python -m bench.gateway.prefix_routing --policies cache_aware --tenants 4 --isolation tenant shared
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from gateway.db import upgrade_database
 from tern_stack.services import PostgresServer, RedisServer, free_port
 
 POLICIES = ("round_robin", "cache_aware")
+ISOLATIONS = ("tenant", "shared")
 
 
 @dataclass(frozen=True)
@@ -103,19 +108,27 @@ async def one_request(
     return Result(ttft, usage["prompt_tokens"], cached)
 
 
-async def drive(base: str, key: str, workload: Workload, concurrency: int) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=None) as client:
-        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+async def drive(base: str, keys: list[str], workload: Workload, concurrency: int) -> dict[str, Any]:
+    """The workload, request i sent with ``keys[i % len(keys)]`` (one tenant each)."""
+    clients = [
+        httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=None)
+        for key in keys
+    ]
+    try:
+        model = (await clients[0].get("/v1/models")).json()["data"][0]["id"]
         limit = asyncio.Semaphore(concurrency)
 
-        async def limited(prompt: list[int]) -> Result:
+        async def limited(i: int, prompt: list[int]) -> Result:
             async with limit:
+                client = clients[i % len(clients)]
                 return await one_request(client, "/v1/completions", model, prompt, workload.output_len)
 
         start = time.perf_counter()
-        results = await asyncio.gather(*(limited(p) for p in workload.prompts()))
+        results = await asyncio.gather(*(limited(i, p) for i, p in enumerate(workload.prompts())))
         duration = time.perf_counter() - start
+    finally:
+        for client in clients:
+            await client.aclose()
     prompt_tokens = sum(r.prompt_tokens for r in results)
     cached = sum(r.cached_tokens for r in results)
     ttfts = [r.ttft_s for r in results]
@@ -162,8 +175,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with PostgresServer() as pg, RedisServer() as redis, tempfile.TemporaryFile() as log:
         pg.create_database("tern")
         upgrade_database(pg.url("tern"))
-        key: str | None = None
-        for policy in args.policies:
+        keys: list[str] = []
+        for policy, isolation in [(p, i) for p in args.policies for i in args.isolation]:
             children: list[subprocess.Popen[bytes]] = []
             try:
                 engines, urls = start_engines(args, log)
@@ -177,6 +190,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "TERN_ADMIN_KEY": admin_key,
                     "TERN_ENGINE_URLS": ",".join(urls),
                     "TERN_ROUTING_POLICY": policy,
+                    "TERN_PREFIX_CACHE_ISOLATION": isolation,
                     "TERN_LOG_LEVEL": "WARNING",
                 }
                 command = [sys.executable, "-m", "tern_cli", "gateway", "--port", str(port)]
@@ -184,8 +198,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 children.append(gateway)
                 base = f"http://127.0.0.1:{port}"
                 wait_http(f"{base}/readyz", gateway)
-                key = key or create_key(base, admin_key)
-                results[policy] = asyncio.run(drive(base, key, workload, args.concurrency))
+                keys = keys or [create_key(base, admin_key, f"bench-{i}") for i in range(args.tenants)]
+                results[f"{policy}/{isolation}"] = asyncio.run(drive(base, keys, workload, args.concurrency))
             except Exception:
                 log.seek(0)
                 sys.stderr.write(log.read()[-4000:].decode(errors="replace"))
@@ -195,9 +209,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     child.terminate()
                     child.wait(timeout=30)
     summary: dict[str, Any] = {}
-    if set(POLICIES) <= set(results):
-        rr, ca = results["round_robin"], results["cache_aware"]
-        summary = {
+    for isolation in args.isolation:
+        rr, ca = results.get(f"round_robin/{isolation}"), results.get(f"cache_aware/{isolation}")
+        if rr is None or ca is None:
+            continue
+        summary[isolation] = {
             "hit_rate_ratio": round(ca["cache_hit_rate"] / rr["cache_hit_rate"], 2)
             if rr["cache_hit_rate"]
             else None,
@@ -216,15 +232,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_num_seqs": args.max_num_seqs,
             "kv_cache_gib": args.kv_cache_gib,
         },
-        "workload": {**vars(workload), "order": "shuffled", "concurrency": args.concurrency},
+        "workload": {
+            **vars(workload),
+            "order": "shuffled",
+            "concurrency": args.concurrency,
+            "tenants": args.tenants,
+        },
         "results": results,
         "cache_aware_vs_round_robin": summary,
     }
 
 
-def create_key(base: str, admin_key: str) -> str:
+def create_key(base: str, admin_key: str, tenant_name: str) -> str:
     admin = {"Authorization": f"Bearer {admin_key}"}
-    tenant = httpx.post(f"{base}/admin/tenants", json={"name": "bench"}, headers=admin).json()
+    tenant = httpx.post(f"{base}/admin/tenants", json={"name": tenant_name}, headers=admin).json()
     body = {"tenant_id": tenant["id"], "name": "bench", "kind": "inference"}
     return str(httpx.post(f"{base}/admin/keys", headers=admin, json=body).json()["key"])
 
@@ -237,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
         choices=["round_robin", "least_loaded", "cache_aware"],
         default=list(POLICIES),
     )
+    p.add_argument(
+        "--isolation",
+        nargs="+",
+        choices=ISOLATIONS,
+        default=["tenant"],
+        help="TERN_PREFIX_CACHE_ISOLATION per run (default: tenant, the gateway's default)",
+    )
+    p.add_argument("--tenants", type=int, default=1, help="requests take turns among this many tenants")
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--prompts-per-group", type=int, default=8)
     p.add_argument("--system-prompt-len", type=int, default=512)

@@ -174,7 +174,10 @@ def _add_openai_routes(app: FastAPI, worker: EngineThread) -> None:
             return JSONResponse(exc.body(), status_code=exc.status)
         request_id = uuid.uuid4().hex
         try:
-            frames = await worker.generate(body.to_generate_request(request_id=request_id))
+            # A client's cache salt is its cache namespace, as vLLM's is: the gateway sends the tenant's as
+            # the salt when this engine is one of its OpenAI-kind upstreams.
+            gen_request = body.to_generate_request(request_id=request_id, cache_namespace=body.cache_salt)
+            frames = await worker.generate(gen_request)
         except RequestError as exc:
             return _request_error(exc)
         if body.stream:

@@ -99,12 +99,15 @@ class EnginePool:
         token_counter: TokenCounter | None = None,
         routing: RoutingPolicy = "cache_aware",
         routing_params: RoutingParams | None = None,
+        sends_cache_salt: bool = True,
     ) -> None:
         self._specs = [parse_engine_url(e) if isinstance(e, str) else e for e in engines]
         self._openai_headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         self.model_names = model_names or ModelNames()
         self.token_counter = token_counter or TokenCounter()
         self.routing = routing
+        self.sends_cache_salt = sends_cache_salt
+        """OpenAI-kind engines get the request's cache namespace as vLLM's ``cache_salt``."""
         self.prefixes = PrefixTable(routing_params)
         self._has_openai = any(spec.kind == "openai" for spec in self._specs)
         self._health_interval_s = health_interval_s

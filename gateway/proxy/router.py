@@ -124,7 +124,7 @@ class GenerateEndpoint:
         state = proxy_state(scope)
         request_id: str = scope["state"]["request_id"]
         cache_namespace = service.prefix_cache_namespace(
-            key=key, isolation=state.settings.prefix_cache_isolation
+            key=key, isolation=state.settings.prefix_cache_isolation, salt=openai_request.cache_salt
         )
 
         async def dispatch(admitted: Admitted) -> RelayResponse:

@@ -35,17 +35,22 @@ def ensure_model_allowed(*, key: AuthenticatedKey, model: str) -> None:
         )
 
 
-def prefix_cache_namespace(*, key: AuthenticatedKey, isolation: PrefixCacheIsolation) -> str | None:
-    """The RPC ``cache_namespace`` (``TERN_PREFIX_CACHE_ISOLATION``).
+def prefix_cache_namespace(
+    *, key: AuthenticatedKey, isolation: PrefixCacheIsolation, salt: str | None = None
+) -> str | None:
+    """The RPC ``cache_namespace`` (``TERN_PREFIX_CACHE_ISOLATION``), which is also the
+    ``cache_salt`` sent to OpenAI-kind engines and the seed of the gateway's prefix routing.
 
-    ``shared`` (the default) sends none: every tenant's requests can reuse cached prefixes (a
-    common system prompt is prefilled once), and the engine still keeps models apart. ``tenant``
-    sends the tenant id, so cached blocks only ever serve the tenant whose prompt made them (no
-    cross-tenant cache hits, whose timing could reveal another tenant's prompts).
+    ``tenant`` (the default) sends the tenant id, so cached blocks only ever serve the tenant whose
+    prompt made them. Sharing would be an oracle: a tenant's ``cached_tokens`` would tell it whether
+    any other tenant had sent a prompt, such as a guessed system prompt. ``shared`` sends none, so
+    every tenant's requests reuse each other's prefixes (one organisation's choice). A client's own
+    ``cache_salt`` only narrows its namespace further: under ``tenant`` it is appended to the tenant
+    id, never used in its place, so no salt reaches another tenant's cache.
     """
     if isolation == "tenant" and key.tenant_id is not None:
-        return str(key.tenant_id)
-    return None
+        return f"{key.tenant_id}:{salt}" if salt is not None else str(key.tenant_id)
+    return salt
 
 
 def list_models(*, pool: EnginePool, key: AuthenticatedKey) -> ModelList:
@@ -92,8 +97,9 @@ async def dispatch(
     if pool.kind_for(openai_request.model) == "openai":
         if responses_request is not None:  # the chat request it amounts to, as JSON
             raw_body = openai_request.model_dump_json(exclude_defaults=True, by_alias=True).encode()
+        body = capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap)
         upstream = common | {
-            "body": capped_body(raw_body, openai_request=openai_request, max_tokens_cap=max_tokens_cap),
+            "body": salted_body(body, cache_namespace=cache_namespace, send_salt=pool.sends_cache_salt),
             "request_id": request_id,
             "token_counter": pool.token_counter,
             "cache_namespace": cache_namespace,
@@ -117,6 +123,16 @@ async def dispatch(
         )
     await relay.open()
     return RelayResponse(relay, headers=headers)
+
+
+def salted_body(body: dict[str, Any], *, cache_namespace: str | None, send_salt: bool) -> dict[str, Any]:
+    """The body for an OpenAI-kind engine, its ``cache_salt`` the request's cache namespace (vLLM keeps
+    the prefixes of different salts apart). The client's own salt is already part of the namespace.
+    Without ``send_salt`` (an upstream that rejects the field) none is sent."""
+    body.pop("cache_salt", None)
+    if send_salt and cache_namespace is not None:
+        body["cache_salt"] = cache_namespace
+    return body
 
 
 def capped_body(

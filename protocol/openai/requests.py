@@ -106,6 +106,13 @@ class _Request(BaseModel):
         max_length=END_USER_MAX_LENGTH,
         description="Your end user's id: recorded on the usage row, for reports by end user",
     )
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        description="vLLM's cache salt: prompts with different salts never share cached prefixes. Through "
+        "the gateway it narrows the tenant's own cache further; it never widens it.",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod

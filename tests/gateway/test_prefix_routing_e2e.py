@@ -1,7 +1,7 @@
 """Cache-aware routing with two real engines (the default SmolLM2-135M GGUF, one thread each)
 behind a real gateway: requests sharing a prefix land on the engine that served it, and the
-engine confirms the hit (``cached_tokens``); with ``TERN_PREFIX_CACHE_ISOLATION=tenant`` a tenant
-is never routed on another tenant's prefix."""
+engine confirms the hit (``cached_tokens``); with ``TERN_PREFIX_CACHE_ISOLATION=tenant`` (the default)
+a tenant is never routed on another tenant's prefix."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def routed_gateway(
 def test_requests_sharing_a_prefix_land_on_the_engine_that_served_it(
     engines: list[RealEngine], database_url: str, redis_url: str
 ) -> None:
-    gw = routed_gateway(engines, database_url, redis_url)
+    gw = routed_gateway(engines, database_url, redis_url, prefix_cache_isolation="shared")
     try:
         key, other_tenant = gw.key(), gw.key()
         sports, cooking = system_prompt("sports"), system_prompt("cooking")
@@ -101,7 +101,7 @@ def test_requests_sharing_a_prefix_land_on_the_engine_that_served_it(
             assert again.engine_url == first_sports.engine_url and again.cached_tokens > 0
             again = gw.ask(key, cooking, f"And dessert number {i}?")
             assert again.engine_url == first_cooking.engine_url and again.cached_tokens > 0
-        # Shared prefix cache (the default): another tenant's request reuses the prefix too.
+        # A shared prefix cache (one organisation's choice): another tenant's request reuses it too.
         theirs = gw.ask(other_tenant, sports, "Who lost?")
         assert theirs.engine_url == first_sports.engine_url and theirs.cached_tokens > 0
     finally:
@@ -111,7 +111,7 @@ def test_requests_sharing_a_prefix_land_on_the_engine_that_served_it(
 def test_a_tenant_isolated_deployment_never_routes_on_another_tenants_prefix(
     engines: list[RealEngine], database_url: str, redis_url: str
 ) -> None:
-    gw = routed_gateway(engines, database_url, redis_url, prefix_cache_isolation="tenant")
+    gw = routed_gateway(engines, database_url, redis_url)  # the default isolation
     try:
         tenant_a, tenant_b = gw.key(), gw.key()
         weather = system_prompt("weather")

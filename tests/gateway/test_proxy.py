@@ -103,7 +103,8 @@ async def test_request_reaches_engine_as_rpc(
         7,
         5,
     )
-    assert sent.cache_namespace is None  # TERN_PREFIX_CACHE_ISOLATION=shared, the default
+    # TERN_PREFIX_CACHE_ISOLATION=tenant, the default: the tenant id (a UUID) is the namespace.
+    assert sent.cache_namespace is not None and len(sent.cache_namespace) == 36
 
 
 async def test_structured_output_and_tools_reach_the_engine_and_bad_ones_do_not(
