@@ -121,9 +121,17 @@ class Victim:
         return bodies[schema_name]
 
 
-async def make_victim(
-    client: httpx.AsyncClient, admin: dict[str, str], create_tenant_and_key: CreateTenantAndKey
+@pytest.fixture
+async def openapi(client: httpx.AsyncClient) -> dict[str, Any]:
+    return (await client.get("/openapi.json")).json()
+
+
+@pytest.fixture
+async def victim(
+    client: httpx.AsyncClient, admin_headers: dict[str, str], create_tenant_and_key: CreateTenantAndKey
 ) -> Victim:
+    """A tenant with keys, a budget and limits, and a platform price, made by the platform admin."""
+    admin = admin_headers
     tenant, _, key_id = await create_tenant_and_key()
     body = {"tenant_id": tenant["id"], "name": "victim admin", "kind": "admin"}
     admin_key = await client.post("/admin/keys", json=body, headers=admin)
@@ -193,12 +201,12 @@ async def test_another_tenants_admin_key_can_neither_change_nor_read_anything_of
     client: httpx.AsyncClient,
     admin_headers: dict[str, str],
     create_tenant_and_key: CreateTenantAndKey,
+    victim: Victim,
+    openapi: dict[str, Any],
 ) -> None:
-    victim = await make_victim(client, admin_headers, create_tenant_and_key)
     intruder_tenant, _, _ = await create_tenant_and_key()
     body = {"tenant_id": intruder_tenant["id"], "name": "intruder admin", "kind": "admin"}
     intruder = bearer((await client.post("/admin/keys", json=body, headers=admin_headers)).json()["key"])
-    openapi = (await client.get("/openapi.json")).json()
     before = await snapshot(client, admin_headers, victim)
 
     tried = 0
@@ -226,10 +234,10 @@ async def test_inference_keys_reach_no_admin_route(
     client: httpx.AsyncClient,
     admin_headers: dict[str, str],
     create_tenant_and_key: CreateTenantAndKey,
+    victim: Victim,
+    openapi: dict[str, Any],
 ) -> None:
-    victim = await make_victim(client, admin_headers, create_tenant_and_key)
     _, own_secret, _ = await create_tenant_and_key()
-    openapi = (await client.get("/openapi.json")).json()
     before = await snapshot(client, admin_headers, victim)
     for method, path in admin_routes(app):
         response = await client.request(
