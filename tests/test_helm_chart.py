@@ -345,11 +345,12 @@ def test_inference_pool_mode_pools_the_engines_for_llm_d(rendered: dict[str, lis
     assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert pool["spec"]["targetPorts"] == [{"number": container(engine)["ports"][0]["containerPort"]}]
     assert pool["spec"]["endpointPickerRef"] == {
-        "name": "tern-epp",
+        "name": "tern-router-epp",
         "port": {"number": 9002},
         "failureMode": "FailClose",
     }
     assert pod_labels["llm-d.ai/engine-type"] == "vllm"  # the picker reads vLLM's metric names
+    assert pod_labels["llm-d.ai/inference-serving"] == "true"  # llm-d's KV-events pod discovery
     pool_name = pool["metadata"]["name"]
     pool_ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool_name}
     assert objective["spec"] == {"priority": 1, "poolRef": pool_ref}
