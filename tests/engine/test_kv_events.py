@@ -12,16 +12,21 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from typing import Any
 
+import httpx
 import msgpack
 import pytest
 import zmq
 
 from engine.cache.radix_cache import RadixCache
+from engine.cli import build_parser, config_from_args
 from engine.core.llm_engine import LLMEngine
 from engine.serving.frames import generate_frames
 from engine.serving.kv_publisher import END_SEQ, ZmqEventPublisher, attach_kv_events
+from engine.serving.requests import engine_request as wire_to_engine
+from engine.serving.server import create_app
 from protocol.rpc import GenerateRequest, SamplingParams
 from tests.engine.tiny_engine import make_byte_tokenizer, make_tiny_engine
+from tests.gateway.live_server import ServerThread
 
 TOPIC = "kv@pod-a@tiny"
 Prefix = tuple[int, ...]
@@ -194,3 +199,48 @@ def test_replay_from_a_later_sequence_number(llm: tuple[LLMEngine, ZmqEventPubli
     assert len(everything) >= 3
     assert replay(zmq.Context.instance(), publisher.replay_port or 0, 2) == everything[2:]
     assert replay(zmq.Context.instance(), publisher.replay_port or 0, len(everything)) == []
+
+
+def test_a_reset_is_refused_while_requests_run(llm: tuple[LLMEngine, ZmqEventPublisher]) -> None:
+    engine, publisher = llm
+    generate_frames(engine, [request("warm", "a prompt that fills a few pages")])
+    busy = request("busy", "still running")
+    engine.add_request(wire_to_engine(busy, engine.tokenizer, model_name="tiny", grammars=engine.grammars))
+    engine.step()
+    assert not engine.reset_prefix_cache()  # its blocks would be freed under it
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.reset_prefix_cache()
+    publisher.wait_sent()
+    batches = replay(zmq.Context.instance(), publisher.replay_port or 0, 0)
+    tags = [event[0] for _, payload in batches for event in msgpack.unpackb(payload)[1]]
+    assert tags.count("AllBlocksCleared") == 1 and tags[-1] == "AllBlocksCleared"
+    assert engine.prefix_cache().stats().tree_blocks == 0  # type: ignore[union-attr]
+
+
+def test_the_server_publishes_when_the_flag_is_on() -> None:
+    """``--kv-events-port`` through the app's lifespan: the publisher starts with the server, a
+    request's prompt pages arrive as BlockStored, and it stops with the server."""
+    engine = make_tiny_engine(make_byte_tokenizer(), kv_events_port=0, kv_events_topic=TOPIC)
+    app = create_app(engine)
+    server = ServerThread(app).start()
+    try:
+        publisher = app.state.kv_publisher
+        assert publisher is not None and publisher.replay_port not in (None, publisher.port)
+        body = {"model": "tiny", "prompt": "served through the app " * 2, "max_tokens": 2}
+        assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).status_code == 200
+        publisher.wait_sent()
+        index = BlockIndex()
+        for _, payload in replay(zmq.Context.instance(), publisher.replay_port, 0):
+            index.apply(msgpack.unpackb(payload))
+        assert index.prefixes() == tree_prefixes(engine.prefix_cache())[("tiny", None)]  # type: ignore[arg-type]
+    finally:
+        server.stop()
+
+
+def test_the_flag_defaults_to_vllms_port() -> None:
+    parser = build_parser()
+    assert parser.parse_args([]).kv_events_port is None
+    assert parser.parse_args(["--kv-events-port"]).kv_events_port == 5557
+    config = config_from_args(parser.parse_args(["--kv-events-port", "6000", "--no-vllm-metrics"]))
+    assert (config.kv_events_port, config.kv_events_replay_port, config.vllm_metrics) == (6000, None, False)
