@@ -105,6 +105,11 @@ class EngineConfig:
             raise ValueError("need num_speculative_tokens >= 1 and 1 <= ngram_min <= ngram_max")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.kv_events_port is not None and not self.enable_prefix_cache:
+            raise ValueError("KV events report the prefix cache: --kv-events-port needs it on")
+        for port in (self.kv_events_port, self.kv_events_replay_port):
+            if port is not None and not 0 <= port < 65535:
+                raise ValueError(f"KV event ports must be in 0..65534 (0: any free one), not {port}")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

@@ -244,3 +244,12 @@ def test_the_flag_defaults_to_vllms_port() -> None:
     assert parser.parse_args(["--kv-events-port"]).kv_events_port == 5557
     config = config_from_args(parser.parse_args(["--kv-events-port", "6000", "--no-vllm-metrics"]))
     assert (config.kv_events_port, config.kv_events_replay_port, config.vllm_metrics) == (6000, None, False)
+
+
+def test_events_need_the_prefix_cache_and_real_ports() -> None:
+    from engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match="prefix cache"):
+        EngineConfig(kv_events_port=5557, enable_prefix_cache=False)
+    with pytest.raises(ValueError, match=r"0\.\.65534"):
+        EngineConfig(kv_events_port=70000)
