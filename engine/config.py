@@ -52,6 +52,16 @@ class EngineConfig:
     """torch intra-op threads on CPU; None: ``OMP_NUM_THREADS`` if set, else :func:`default_num_threads`
     (every physical core where decode steps run in C, else one fewer)."""
     served_model_name: str | None = None
+    vllm_metrics: bool = True
+    """Also publish vLLM's metric names (``vllm:num_requests_waiting``, ...) on ``/metrics``, which a
+    Gateway API Inference Extension endpoint picker reads (engine/vllm_metrics.py)."""
+    kv_events_port: int | None = None
+    """Publish the prefix cache's changes as vLLM KV events on this ZMQ PUB port (5557 is vLLM's);
+    None: off (engine/serving/kv_publisher.py)."""
+    kv_events_replay_port: int | None = None
+    """The replay (ROUTER) port; None: ``kv_events_port + 1`` when events are on."""
+    kv_events_topic: str | None = None
+    """None: ``kv@<hostname>@<served model name>``."""
     quant: str = "auto"
     """auto | none | int4 | bitnet: auto follows the checkpoint (AutoAWQ config, BitNet architecture);
     int4/bitnet on a float checkpoint quantize it at load (RTN g128 / absmean)."""
@@ -95,6 +105,11 @@ class EngineConfig:
             raise ValueError("need num_speculative_tokens >= 1 and 1 <= ngram_min <= ngram_max")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        if self.kv_events_port is not None and not self.enable_prefix_cache:
+            raise ValueError("KV events report the prefix cache: --kv-events-port needs it on")
+        for port in (self.kv_events_port, self.kv_events_replay_port):
+            if port is not None and not 0 <= port < 65535:
+                raise ValueError(f"KV event ports must be in 0..65534 (0: any free one), not {port}")
 
     def resolved_device(self) -> torch.device:
         if self.device == "auto":

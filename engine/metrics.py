@@ -1,4 +1,5 @@
-"""Prometheus metrics of one engine, on its own registry (so tests can run several engines).
+"""Prometheus metrics of one engine, on its own registry (so tests can run several engines), under
+Tern's names and, for Kubernetes' inference routers, vLLM's (:class:`VllmMetrics`).
 
 Token rates are counters: Prometheus derives per-second rates with ``rate()``.
 """
@@ -86,11 +87,24 @@ class EngineMetrics:
             registry=r,
         )
 
-    def set_queues(self, *, running: int, waiting: int, blocks_used: int, blocks_free: int) -> None:
+        self.vllm: VllmMetrics | None = None
+
+    def add_vllm_names(self, *, model_name: str, block_size: int, num_blocks: int) -> None:
+        """Also publish vLLM's names for the queue and the cache (engine/vllm_metrics.py)."""
+        self.vllm = VllmMetrics(
+            self.registry, model_name=model_name, block_size=block_size, num_blocks=num_blocks
+        )
+
+    def set_queues(
+        self, *, running: int, waiting: int, blocks_used: int, blocks_free: int, blocks_reclaimable: int = 0
+    ) -> None:
+        """``blocks_reclaimable``: cached blocks no request holds (used for Tern's gauge, free for vLLM's)."""
         self.running.set(running)
         self.waiting.set(waiting)
         self.kv_blocks_used.set(blocks_used)
         self.kv_blocks_free.set(blocks_free)
+        if self.vllm is not None:
+            self.vllm.update(running=running, waiting=waiting, blocks_in_use=blocks_used - blocks_reclaimable)
 
     def set_prefix_cache(self, stats: CacheStats) -> None:
         self.prefix_cache_blocks.set(stats.tree_blocks)
@@ -100,6 +114,65 @@ class EngineMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+_LABELS = ("model_name", "engine")
+ENGINE_INDEX = "0"
+"""vLLM labels each engine core of a process; a Tern process has one."""
+
+
+class VllmMetrics:
+    """vLLM's metric names beside Tern's own (``--no-vllm-metrics`` turns them off), so a Gateway API
+    Inference Extension endpoint picker (llm-d's router) schedules a Tern engine as it does a vLLM pod.
+
+    The picker scrapes the serving port's ``/metrics`` (every 50 ms by default) and reads, for a pod
+    labelled ``llm-d.ai/engine-type: vllm``: the queue (``vllm:num_requests_waiting``), the batch
+    (``vllm:num_requests_running``), KV-cache use as a fraction (``vllm:kv_cache_usage_perc``), the
+    cache's shape (``vllm:cache_config_info``: its labels ``block_size`` and ``num_gpu_blocks`` size the
+    approximate prefix scorer) and LoRA state (``vllm:lora_requests_info``). All gauges, as vLLM's, with
+    its labels and meanings; docs/operations.md says which llm-d files read them."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, model_name: str, block_size: int, num_blocks: int
+    ) -> None:
+        self.num_blocks = num_blocks
+        labels = (model_name, ENGINE_INDEX)
+        self.running = Gauge(
+            "vllm:num_requests_running", "Requests in the model's running batch", _LABELS, registry=registry
+        ).labels(*labels)
+        self.waiting = Gauge(
+            "vllm:num_requests_waiting", "Requests waiting to be scheduled", _LABELS, registry=registry
+        ).labels(*labels)
+        self.kv_cache_usage = Gauge(
+            "vllm:kv_cache_usage_perc",
+            "KV-cache use, 0 to 1: blocks held by requests (cached blocks no request holds count as free, "
+            "as in vLLM)",
+            _LABELS,
+            registry=registry,
+        ).labels(*labels)
+        cache_config = Gauge(
+            "vllm:cache_config_info",
+            "Information of the KV cache's configuration (value 1)",
+            ("block_size", "num_gpu_blocks", "enable_prefix_caching"),
+            registry=registry,
+        )
+        cache_config.labels(str(block_size), str(num_blocks), "True").set(1)
+        # Tern serves no LoRA adapters: max_lora 0 and none running or waiting, as vLLM reports it
+        # without --enable-lora. The value is the time of the last update, which the picker uses to
+        # take the newest series.
+        self._lora = Gauge(
+            "vllm:lora_requests_info",
+            "Running stats on LoRA requests (value: time of the last update)",
+            ("max_lora", "running_lora_adapters", "waiting_lora_adapters"),
+            registry=registry,
+        ).labels("0", "", "")
+        self._lora.set(time.time())
+
+    def update(self, *, running: int, waiting: int, blocks_in_use: int) -> None:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_cache_usage.set(blocks_in_use / self.num_blocks if self.num_blocks else 0.0)
+        self._lora.set(time.time())
 
 
 log = logging.getLogger("engine.stats")

@@ -16,6 +16,7 @@ EngineKind = Literal["tern", "openai"]
 RoutingPolicy = Literal["cache_aware", "least_loaded", "round_robin"]
 
 _KIND_SCHEMES: dict[str, EngineKind] = {"tern+": "tern", "openai+": "openai"}
+DNS_PREFIX = "dns+"
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,16 +25,24 @@ class EngineSpec:
 
     kind: EngineKind
     url: str
+    discover: bool = False
+    """``dns+``: the host names a headless Service; each of its addresses is an engine
+    (gateway/proxy/engine_discovery.py)."""
 
 
 def parse_engine_url(entry: str) -> EngineSpec:
     """``openai+http://h:8000`` -> an OpenAI-compatible engine; ``http://h:8100`` or
-    ``tern+http://h:8100`` -> Tern's RPC. The scheme prefix only names the kind; it is never sent."""
+    ``tern+http://h:8100`` -> Tern's RPC; ``dns+`` after the kind (or alone) -> every address the host
+    resolves to. The scheme prefixes only name the kind and the discovery; they are never sent."""
     entry = entry.strip().rstrip("/")
-    for prefix, kind in _KIND_SCHEMES.items():
+    kind: EngineKind = "tern"
+    for prefix, named in _KIND_SCHEMES.items():
         if entry.startswith(prefix):
-            return EngineSpec(kind=kind, url=entry[len(prefix) :])
-    return EngineSpec(kind="tern", url=entry)
+            kind, entry = named, entry[len(prefix) :]
+            break
+    if entry.startswith(DNS_PREFIX):
+        return EngineSpec(kind=kind, url=entry[len(DNS_PREFIX) :], discover=True)
+    return EngineSpec(kind=kind, url=entry)
 
 
 class Settings(BaseSettings):
@@ -120,7 +129,8 @@ class Settings(BaseSettings):
         for entry in urls:
             if not parse_engine_url(entry).url.startswith(("http://", "https://")):
                 raise ValueError(
-                    f"TERN_ENGINE_URLS entry {entry!r} is not http(s)://, tern+http(s):// or openai+http(s)://"
+                    f"TERN_ENGINE_URLS entry {entry!r} is not http(s)://, tern+http(s):// or "
+                    "openai+http(s):// (each optionally with dns+ before http)"
                 )
         return urls
 

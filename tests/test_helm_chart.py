@@ -16,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+
+from tests.inference_crds import SCHEMAS as INFERENCE_SCHEMAS
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy" / "helm" / "tern"
@@ -56,14 +59,17 @@ def example_values(name: str) -> dict[str, Any]:
     return _merge(values, INSTALL_SETS.get(name, {}))
 
 
-@pytest.fixture(scope="module", params=["trial", "production", "vllm"])
+EXAMPLES_NAMES = ("trial", "production", "vllm", "llm-d")
+
+
+@pytest.fixture(scope="module", params=EXAMPLES_NAMES)
 def example(request: pytest.FixtureRequest) -> tuple[str, list[Doc]]:
     return request.param, render(example_values(request.param))
 
 
 @pytest.fixture(scope="module")
 def rendered() -> dict[str, list[Doc]]:
-    return {name: render(example_values(name)) for name in ("trial", "production", "vllm")}
+    return {name: render(example_values(name)) for name in EXAMPLES_NAMES}
 
 
 def find(docs: list[Doc], kind: str, component: str | None = None) -> list[Doc]:
@@ -104,6 +110,9 @@ def validate(doc: Doc) -> None:
     if doc["apiVersion"] == "monitoring.coreos.com/v1":
         validate_service_monitor(doc)
         return
+    if (schema := INFERENCE_SCHEMAS.get((doc["apiVersion"], doc["kind"]))) is not None:
+        jsonschema.validate(doc, schema)  # the GIE, llm-d and Gateway API CRDs (tests/inference_crds.py)
+        return
     for version in KUBE_VERSIONS:
         kubernetes_validate.validate(doc, version, strict=True)
 
@@ -118,7 +127,7 @@ def test_every_example_renders_and_validates(example: tuple[str, list[Doc]]) -> 
         validate(doc)
 
 
-@pytest.mark.parametrize("name", ["trial", "production", "vllm"])
+@pytest.mark.parametrize("name", EXAMPLES_NAMES)
 def test_helm_lint_finds_no_warnings(name: str) -> None:
     report = helm.lint(CHART, example_values(name), strict=True, namespace=NAMESPACE)
     assert not report["errors"]
@@ -135,6 +144,14 @@ def test_validators_reject_broken_documents(rendered: dict[str, list[Doc]]) -> N
     hpa["spec"]["minReplicas"] = "three"
     with pytest.raises(kubernetes_validate.ValidationError):
         validate(hpa)
+    pool = copy.deepcopy(one(rendered["llm-d"], "InferencePool"))
+    del pool["spec"]["endpointPickerRef"]["port"]  # required when the picker is a Service
+    with pytest.raises(jsonschema.ValidationError):
+        validate(pool)
+    objective = copy.deepcopy(one(rendered["llm-d"], "InferenceObjective"))
+    objective["spec"]["poolRef"]["nmae"] = objective["spec"]["poolRef"].pop("name")
+    with pytest.raises(jsonschema.ValidationError):
+        validate(objective)
     monitor = copy.deepcopy(find(rendered["production"], "ServiceMonitor")[0])
     monitor["spec"]["endpoints"][0]["scrapeEvery"] = "30s"
     with pytest.raises(AssertionError, match="unknown fields"):
@@ -281,17 +298,25 @@ def test_bundled_and_external_datastores(rendered: dict[str, list[Doc]]) -> None
     assert "--appendonly" in redis["command"]
 
 
-def test_engines_are_listed_one_per_pod(rendered: dict[str, list[Doc]]) -> None:
-    """The gateway health-checks and prefix-routes per engine, so each pod has its own URL."""
+def test_engines_are_found_through_their_headless_service(rendered: dict[str, list[Doc]]) -> None:
+    """routing: tern: the gateway health-checks and prefix-routes per engine. By default it resolves the
+    headless Service's name to the pods before every health round (gateway/proxy/engine_discovery.py),
+    so scaling the StatefulSet needs no Helm upgrade; engine.discovery=static lists one URL per pod."""
     docs = rendered["production"]
     engine = one(docs, "StatefulSet", "engine")
     service = one(docs, "Service", "engine")
     assert (
         service["spec"]["clusterIP"] == "None"
         and engine["spec"]["serviceName"] == service["metadata"]["name"]
+        and service["spec"]["publishNotReadyAddresses"]  # the gateway's own probe decides readiness
     )
     name, port = engine["metadata"]["name"], container(engine)["ports"][0]["containerPort"]
-    urls = env(one(docs, "Deployment", "gateway"))["TERN_ENGINE_URLS"]["value"].split(",")
+    urls = env(one(docs, "Deployment", "gateway"))["TERN_ENGINE_URLS"]["value"]
+    assert urls == f"dns+http://{name}.{NAMESPACE}.svc:{port}"
+    assert service["spec"]["ports"][0]["port"] == port
+
+    static = render(_merge(example_values("production"), {"engine": {"discovery": "static"}}))
+    urls = env(one(static, "Deployment", "gateway"))["TERN_ENGINE_URLS"]["value"].split(",")
     expected = [f"http://{name}-{i}.{name}.{NAMESPACE}.svc:{port}" for i in range(engine["spec"]["replicas"])]
     assert urls == expected and len(urls) == 2
 
@@ -305,6 +330,71 @@ def test_tenants_prefix_caches_are_isolated_unless_the_values_say_shared(
         assert env(gateway)["TERN_PREFIX_CACHE_ISOLATION"]["value"] == "tenant"
     shared = render(_merge(example_values("trial"), {"gateway": {"prefixCacheIsolation": "shared"}}))
     assert env(one(shared, "Deployment", "gateway"))["TERN_PREFIX_CACHE_ISOLATION"]["value"] == "shared"
+
+
+def test_the_gateway_reads_the_engine_urls_the_chart_writes(rendered: dict[str, list[Doc]]) -> None:
+    """Each mode's TERN_ENGINE_URLS is one the gateway's settings accept, of the intended kind."""
+    from gateway.config import Settings
+
+    kinds = {}
+    for name in ("production", "llm-d"):
+        urls = env(one(rendered[name], "Deployment", "gateway"))["TERN_ENGINE_URLS"]["value"]
+        kinds[name] = [(s.kind, s.discover) for s in Settings(engine_urls=urls).engine_specs()]
+    assert kinds == {"production": [("tern", True)], "llm-d": [("openai", False)]}
+
+
+def test_inference_pool_mode_pools_the_engines_for_llm_d(rendered: dict[str, list[Doc]]) -> None:
+    docs = rendered["llm-d"]
+    values = example_values("llm-d")
+    engine = one(docs, "StatefulSet", "engine")
+    pool = one(docs, "InferencePool")
+    objective = one(docs, "InferenceObjective")
+    route = one(docs, "HTTPRoute")
+    pod_labels = engine["spec"]["template"]["metadata"]["labels"]
+    # The pool selects exactly the engine pods, on their serving port, through the named picker.
+    assert pool["spec"]["selector"]["matchLabels"] == engine["spec"]["selector"]["matchLabels"]
+    assert pool["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pool["spec"]["targetPorts"] == [{"number": container(engine)["ports"][0]["containerPort"]}]
+    assert pool["spec"]["endpointPickerRef"] == {
+        "name": "tern-router-epp",
+        "port": {"number": 9002},
+        "failureMode": "FailClose",
+    }
+    assert pod_labels["llm-d.ai/engine-type"] == "vllm"  # the picker reads vLLM's metric names
+    assert pod_labels["llm-d.ai/inference-serving"] == "true"  # llm-d's KV-events pod discovery
+    pool_name = pool["metadata"]["name"]
+    pool_ref = {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": pool_name}
+    assert objective["spec"] == {"priority": 1, "poolRef": pool_ref}
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"] == [pool_ref]
+    assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+    # KV events for the precise prefix scorer, on llm-d's default port, replay on the next one.
+    command = container(engine)["command"]
+    assert command[command.index("--kv-events-port") + 1] == "5557"
+    ports = {p["name"]: p["containerPort"] for p in container(engine)["ports"]}
+    assert ports == {"http": 8100, "kv-events": 5557, "kv-replay": 5558}
+    gateway_urls = env(one(docs, "Deployment", "gateway"))["TERN_ENGINE_URLS"]["value"]
+    assert gateway_urls == "openai+" + values["inferencePool"]["gatewayUrl"]
+
+
+def test_tern_mode_renders_no_pool_and_no_llm_d_labels(rendered: dict[str, list[Doc]]) -> None:
+    for name in ("trial", "production"):
+        docs = rendered[name]
+        assert not find(docs, "InferencePool") and not find(docs, "InferenceObjective")
+        engine = one(docs, "StatefulSet", "engine")
+        assert "llm-d.ai/engine-type" not in engine["spec"]["template"]["metadata"]["labels"]
+        assert "--kv-events-port" not in container(engine)["command"]
+
+
+def test_inference_pool_mode_needs_the_gateway_url_and_the_engines() -> None:
+    base = _merge(example_values("llm-d"), {"inferencePool": {"gatewayUrl": ""}})
+    with pytest.raises(helm.HelmRenderError, match=r"inferencePool\.gatewayUrl"):
+        render(base)
+    with pytest.raises(helm.HelmRenderError, match=r"engine\.enabled"):
+        render(_merge(example_values("llm-d"), {"engine": {"enabled": False}}))
+    # Without a Gateway name the route is yours to write; the pool and objective still render.
+    docs = render(_merge(example_values("llm-d"), {"inferencePool": {"gateway": {"name": ""}}}))
+    assert not find(docs, "HTTPRoute") and find(docs, "InferencePool")
 
 
 def test_gpu_is_a_values_switch(rendered: dict[str, list[Doc]]) -> None:

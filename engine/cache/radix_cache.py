@@ -24,6 +24,10 @@ over a page size of 1, which would make every attention read gather token by tok
 
 Namespaces. Each namespace (model or adapter, plus tenant when isolated) has its own
 root, so requests in different namespaces never share blocks.
+
+Listening. The tree reports what it gains and loses to an optional :class:`CacheListener`, in its
+own terms (namespace, block ids, token ids); the engine owns the listener (KV events for an external
+router: engine/cache/kv_events.py), so the tree stays a pure structure.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import heapq
 import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from engine.cache.block_allocator import BlockAllocator
 
@@ -77,12 +82,31 @@ class CacheStats:
     evicted_blocks: int
 
 
+class CacheListener(Protocol):
+    """Told of every change to the set of cached blocks, in the order the changes happen."""
+
+    def blocks_stored(
+        self, namespace: Hashable, parent_block: int | None, blocks: Sequence[int], token_ids: Sequence[int]
+    ) -> None:
+        """``blocks`` now hold ``token_ids`` (``len(blocks)`` whole pages), right after ``parent_block``
+        (None: at the namespace's root)."""
+
+    def blocks_removed(self, namespace: Hashable, blocks: Sequence[int]) -> None:
+        """``blocks`` left the tree (a leaf's blocks, deepest last)."""
+
+    def cleared(self) -> None:
+        """Every block left the tree."""
+
+
 class RadixCache:
-    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
+    def __init__(
+        self, allocator: BlockAllocator, block_size: int, *, listener: CacheListener | None = None
+    ) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.allocator = allocator
         self.block_size = block_size
+        self.listener = listener
         self._roots: dict[Hashable, RadixNode] = {}
         self._clock = itertools.count(1)
         self._num_blocks = 0
@@ -163,6 +187,9 @@ class RadixCache:
                 node.children[child.key[:bs]] = child
                 self._num_blocks += len(new_blocks)
                 self._num_evictable += len(new_blocks)
+                if self.listener is not None:
+                    parent_block = None if node.is_root else node.blocks[-1]
+                    self.listener.blocks_stored(namespace, parent_block, new_blocks, child.key)
                 return child
             pages = self._matching_pages(child.key, tokens, pos)
             if pages < len(child.blocks):
@@ -227,7 +254,24 @@ class RadixCache:
         self._num_blocks -= len(leaf.blocks)
         self._num_evictable -= len(leaf.blocks)
         self._evicted_blocks += len(leaf.blocks)
+        if self.listener is not None:
+            self.listener.blocks_removed(leaf.namespace, leaf.blocks)
         return parent
+
+    def clear(self) -> bool:
+        """Drop every cached block (vLLM's prefix-cache reset); refused (False) while a sequence
+        holds a lock in the tree, since its blocks would be freed under it."""
+        nodes = list(self._nodes())
+        if any(node.lock_ref for node in nodes):
+            return False
+        for node in nodes:
+            self.allocator.decref(node.blocks)
+        self._evicted_blocks += self._num_blocks
+        self._roots.clear()
+        self._num_blocks = self._num_evictable = 0
+        if self.listener is not None:
+            self.listener.cleared()
+        return True
 
     # ---- introspection --------------------------------------------------------------
 

@@ -20,7 +20,9 @@ import torch
 
 from engine.cache.block_allocator import BlockAllocator
 from engine.cache.block_manager import BlockManager
+from engine.cache.kv_events import KVEventLog
 from engine.cache.prefix_cache import PrefixCachingBlockManager
+from engine.cache.radix_cache import RadixCache
 from engine.config import EngineConfig
 from engine.core.assembly import ChoiceState, RequestState
 from engine.core.model_runner import CausalLM, ModelRunner
@@ -85,6 +87,12 @@ class LLMEngine:
             enable_chunked_prefill=config.enable_chunked_prefill,
         )
         self.metrics = EngineMetrics()
+        if config.vllm_metrics:
+            self.metrics.add_vllm_names(
+                model_name=self.model_name, block_size=config.block_size, num_blocks=self.runner.num_blocks
+            )
+        self.kv_events: KVEventLog | None = None
+        """Set by engine/serving/kv_publisher.py when KV events are on; flushed once per step."""
         self.speculator = (
             NgramSpeculator(
                 num_tokens=config.num_speculative_tokens,
@@ -123,6 +131,20 @@ class LLMEngine:
         if self.config.enable_prefix_cache:
             return PrefixCachingBlockManager(allocator, self.config.block_size, model_name=self.model_name)
         return BlockManager(allocator, self.config.block_size)
+
+    def prefix_cache(self) -> RadixCache | None:
+        """The radix tree of cached blocks (None with the prefix cache off)."""
+        manager = self.block_manager
+        return manager.cache if isinstance(manager, PrefixCachingBlockManager) else None
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block, as vLLM's ``/reset_prefix_cache``; False while requests run."""
+        cache = self.prefix_cache()
+        if cache is None or self.has_unfinished_requests():
+            return False
+        cleared = cache.clear()
+        self._update_gauges()
+        return cleared
 
     # -- requests ------------------------------------------------------------------------
 
@@ -286,13 +308,17 @@ class LLMEngine:
         self.metrics.requests_finished.labels(finish_reason=out.usage.finish_reason).inc()
 
     def _update_gauges(self) -> None:
+        """After each step and each out-of-step change: the gauges, and the step's KV events."""
         free = self.block_manager.num_free_blocks
         self.metrics.set_queues(
             running=self.scheduler.num_running,
             waiting=self.scheduler.num_waiting,
             blocks_used=self.block_manager.num_blocks - free,
             blocks_free=free,
+            blocks_reclaimable=self.block_manager.num_reclaimable_blocks(),
         )
+        if self.kv_events is not None:
+            self.kv_events.flush()
         if (stats := self.block_manager.cache_stats()) is not None:
             self.metrics.set_prefix_cache(stats)
 

@@ -26,6 +26,8 @@ from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import ErrorKind, RequestError
 from engine.serving.engine_thread import EngineThread
 from engine.serving.frames import Frame
+from engine.serving.kv_publisher import start_kv_events
+from engine.serving.render import add_render_routes
 from protocol.openai.errors import OpenAIRequestError, describe_validation_errors, error_body
 from protocol.openai.requests import ChatCompletionRequest, CompletionRequest, parse_request
 from protocol.openai.responses import ResponseAccumulator, StreamFormatter
@@ -73,11 +75,15 @@ def create_app(engine: LLMEngine) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        publisher = start_kv_events(engine)  # before the step thread: it flushes the events
+        app.state.kv_publisher = publisher
         worker.start(asyncio.get_running_loop())
         try:
             yield
         finally:
             worker.stop()
+            if publisher is not None:
+                publisher.close()
 
     app = FastAPI(title="Tern engine", lifespan=lifespan)
     app.state.worker = worker
@@ -94,6 +100,7 @@ def create_app(engine: LLMEngine) -> FastAPI:
     _add_status_routes(app, engine, worker)
     _add_rpc_routes(app, worker)
     _add_openai_routes(app, worker)
+    add_render_routes(app, engine, _request_error)
     return app
 
 

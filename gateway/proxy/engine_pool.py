@@ -27,6 +27,7 @@ import aiohttp
 
 from gateway.config import EngineKind, EngineSpec, RoutingPolicy, parse_engine_url
 from gateway.metrics import engine_healthy_by
+from gateway.proxy.engine_discovery import EngineDiscovery, Resolver, resolve_host
 from gateway.proxy.prefix_routing import PrefixTable, PromptKeys, RoutingParams
 from gateway.proxy.token_count import TokenCounter
 from protocol.rpc import HEALTH_PATH, MODELS_PATH, HealthResponse, ModelInfo, ModelList
@@ -100,8 +101,10 @@ class EnginePool:
         routing: RoutingPolicy = "cache_aware",
         routing_params: RoutingParams | None = None,
         sends_cache_salt: bool = True,
+        resolver: Resolver = resolve_host,
     ) -> None:
         self._specs = [parse_engine_url(e) if isinstance(e, str) else e for e in engines]
+        self.discovery = EngineDiscovery(self._specs, resolver)
         self._openai_headers = {"authorization": f"Bearer {api_key}"} if api_key else None
         self.model_names = model_names or ModelNames()
         self.token_counter = token_counter or TokenCounter()
@@ -117,34 +120,56 @@ class EnginePool:
         )
         self._max_connections = max_connections_per_engine
         self.upstreams: list[Upstream] = []
+        self._retired: list[Upstream] = []
+        """Engines discovery dropped, kept open until their last request ends."""
         self._turn = itertools.count()
         self._prober: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Open the sessions, probe every engine once, then keep probing in the background."""
-        self.upstreams = [
-            Upstream(
-                url=spec.url,
-                kind=spec.kind,
-                session=aiohttp.ClientSession(
-                    base_url=spec.url,
-                    connector=aiohttp.TCPConnector(limit=self._max_connections),
-                    timeout=self._request_timeout,
-                    read_bufsize=READ_BUFFER_BYTES,
-                    headers=self._openai_headers if spec.kind == "openai" else None,
-                ),
-            )
-            for spec in self._specs
-        ]
+        self.upstreams = [self._open(spec) for spec in await self.discovery.engines()]
         await self.probe_all()
         self._prober = asyncio.create_task(self._probe_forever(), name="engine-health-prober")
+
+    def _open(self, spec: EngineSpec) -> Upstream:
+        self._has_openai = self._has_openai or spec.kind == "openai"
+        return Upstream(
+            url=spec.url,
+            kind=spec.kind,
+            session=aiohttp.ClientSession(
+                base_url=spec.url,
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                timeout=self._request_timeout,
+                read_bufsize=READ_BUFFER_BYTES,
+                headers=self._openai_headers if spec.kind == "openai" else None,
+            ),
+        )
 
     async def close(self) -> None:
         if self._prober is not None:
             self._prober.cancel()
             await asyncio.gather(self._prober, return_exceptions=True)
             self._prober = None
-        await asyncio.gather(*(u.session.close() for u in self.upstreams), return_exceptions=True)
+        sessions = [u.session.close() for u in self.upstreams + self._retired]
+        await asyncio.gather(*sessions, return_exceptions=True)
+
+    async def rediscover(self) -> None:
+        """Follow the ``dns+`` entries: open engines that appeared, retire those that went away (new
+        requests skip them at once; their session closes when their last request ends)."""
+        if self.discovery.dynamic:
+            specs = {spec.url: spec for spec in await self.discovery.engines()}
+            known = {u.url for u in self.upstreams}
+            for upstream in [u for u in self.upstreams if u.url not in specs]:
+                log.info("engine %s is gone from discovery", upstream.url)
+                self.mark_unhealthy(upstream, "gone from discovery")
+                self.upstreams.remove(upstream)
+                self._retired.append(upstream)
+            added = [self._open(spec) for url, spec in specs.items() if url not in known]
+            self.upstreams.extend(added)
+            await asyncio.gather(*(self._probe(u) for u in added))
+        done = [u for u in self._retired if u.inflight == 0]
+        self._retired = [u for u in self._retired if u.inflight > 0]
+        await asyncio.gather(*(u.session.close() for u in done), return_exceptions=True)
 
     # -- health
 
@@ -154,6 +179,10 @@ class EnginePool:
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(self._health_interval_s)
+            try:
+                await self.rediscover()
+            except Exception:  # discovery must never stop the health probes
+                log.exception("engine discovery failed")
             await self.probe_all()
 
     async def _probe(self, upstream: Upstream) -> None:

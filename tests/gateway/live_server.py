@@ -26,16 +26,19 @@ T = TypeVar("T")
 class ServerThread:
     """uvicorn on 127.0.0.1 in a daemon thread with its own event loop."""
 
-    def __init__(self, app: Any, *, port: int | None = None, lifespan: str = "on") -> None:
+    def __init__(
+        self, app: Any, *, port: int | None = None, lifespan: str = "on", host: str = "127.0.0.1"
+    ) -> None:
         self.port = port or free_port()
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan=lifespan)
+        self.host = host
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", lifespan=lifespan)
         self.server = uvicorn.Server(config)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=f"server-{self.port}", daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)

@@ -61,16 +61,29 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{/*
-TERN_ENGINE_URLS: one URL per engine pod (the StatefulSet's stable names through its headless
-Service), because the gateway balances, health-checks and prefix-routes per engine; then
-gateway.engineUrls.
+TERN_ENGINE_URLS. routing: tern: the engine pods, each its own engine to the gateway (it balances,
+health-checks and prefix-routes per engine): with engine.discovery=dns one dns+ entry, the headless
+Service's name, which the gateway resolves to the pods again before every health round; with static
+one URL per pod (the StatefulSet's stable names). routing: inference-pool: the inference Gateway,
+which picks the pod through llm-d's endpoint picker. Then gateway.engineUrls.
 */}}
 {{- define "tern.engineUrls" -}}
 {{- $urls := list -}}
-{{- if .Values.engine.enabled -}}
 {{- $engine := include "tern.engineName" . -}}
+{{- $port := int .Values.engine.port -}}
+{{- if eq .Values.routing "inference-pool" -}}
+{{- if not .Values.engine.enabled -}}
+{{- fail "routing: inference-pool pools the chart's engine pods: set engine.enabled=true" -}}
+{{- end -}}
+{{- if not .Values.inferencePool.gatewayUrl -}}
+{{- fail "routing: inference-pool needs inferencePool.gatewayUrl, your inference Gateway's Service (for example http://inference-gateway.tern.svc:80)" -}}
+{{- end -}}
+{{- $urls = append $urls (printf "openai+%s" (trimSuffix "/" .Values.inferencePool.gatewayUrl)) -}}
+{{- else if and .Values.engine.enabled (eq .Values.engine.discovery "dns") -}}
+{{- $urls = append $urls (printf "dns+http://%s.%s.svc:%d" $engine .Release.Namespace $port) -}}
+{{- else if .Values.engine.enabled -}}
 {{- range $i := until (int .Values.engine.replicas) -}}
-{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc:%d" $engine $i $engine $.Release.Namespace (int $.Values.engine.port)) -}}
+{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc:%d" $engine $i $engine $.Release.Namespace $port) -}}
 {{- end -}}
 {{- end -}}
 {{- $urls = concat $urls .Values.gateway.engineUrls -}}
@@ -78,6 +91,15 @@ gateway.engineUrls.
 {{- fail "no engines: set engine.enabled=true or list gateway.engineUrls (for example openai+http://vllm.vllm.svc:8000)" -}}
 {{- end -}}
 {{- join "," $urls -}}
+{{- end -}}
+
+{{- define "tern.poolName" -}}
+{{- printf "%s-pool" (include "tern.fullname" .) -}}
+{{- end -}}
+
+{{/* llm-d's endpoint picker Service: inferencePool.endpointPicker.service, else <fullname>-epp. */}}
+{{- define "tern.eppName" -}}
+{{- default (printf "%s-epp" (include "tern.fullname" .)) .Values.inferencePool.endpointPicker.service -}}
 {{- end -}}
 
 {{/* TERN_DATABASE_URL as an EnvVar list; the bundled PostgreSQL's password is spliced in by Kubernetes. */}}
