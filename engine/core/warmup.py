@@ -26,7 +26,6 @@ import torch
 
 from engine.config import EngineConfig
 from engine.core.cuda_graphs import CudaGraphCapture, DecodeGraphs, GraphCapture, capture_sizes
-from engine.kernels.tuning import GEMM_MAX_BUCKET
 from engine.layers.context import Context, reset_context, set_context
 
 log = logging.getLogger(__name__)
@@ -47,6 +46,8 @@ class WarmupReport:
 
 def prefill_buckets(max_num_batched_tokens: int) -> list[int]:
     """The GEMM launches' M buckets a prefill chunk can fall in: 32, 64, ... up to the step's limit."""
+    from engine.kernels.tuning import GEMM_MAX_BUCKET  # Triton: a CPU engine never imports it
+
     top = min(max_num_batched_tokens, GEMM_MAX_BUCKET)
     sizes, size = [], 32
     while size <= top:
