@@ -193,3 +193,23 @@ def test_request_path_looks_up_and_never_searches(monkeypatch: pytest.MonkeyPatc
     assert chosen[("int4_g32_gemm", n, k, 32)] == SPACES["int4_g32_gemm"].default
     assert chosen[("ternary_decode", n, k, 2)] == SPACES["ternary_decode"].default
     assert chosen[("ternary_quantize", 0, k, 2)] == SPACES["ternary_quantize"].default
+
+
+def test_tuning_bench_fills_the_table_the_request_path_reads(tmp_path: Path) -> None:
+    """``tern bench kernel-tuning``'s fill step, run in the interpreter on one key (the wall clock
+    stands in for the GPU timer): every candidate is checked and timed, the fastest lands in the
+    table, and a chooser on the saved table picks it without a log line."""
+    from bench.engine.kernel_tuning import tune, wall_timer
+
+    key = ("int4_g32_decode", 24, 56, 2)
+    table = TuningTable()
+    rows = tune([key, ("paged_decode", 0, 0, 1)], table, "interpreter", wall_timer, DEVICE, torch.float32)
+    (row,) = rows  # paged_decode has nothing to choose from
+    space = SPACES["int4_g32_decode"]
+    assert row["wrong"] == [] and row["default_ms"] is not None
+    (entry,) = table.entries.items()
+    assert entry[0][:2] == ("int4_g32_decode", "interpreter") and entry[0][3:] == (24, 56, 2)
+    assert entry[1] in space.candidates() and entry[1].name == row["best"]
+    table.save(tmp_path / "table.json", about="test")
+    chooser = Chooser(TuningTable.load(tmp_path / "table.json"), "interpreter", entry[0][2])
+    assert chooser.choose("int4_g32_decode", 24, 56, 2) == entry[1]
