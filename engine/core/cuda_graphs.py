@@ -122,6 +122,7 @@ class DecodeGraphs:
             return None
         return next((s for s in self.sizes if s >= num_tokens), None)
 
+    @torch.inference_mode()  # the static buffers are inference tensors (captured under warm-up's mode)
     def run(self, input_ids: list[int], positions: list[int], context: Context) -> torch.Tensor | None:
         """Hidden states [B, H] of a decode step by graph replay, or None where it must run eagerly."""
         batch = len(input_ids)
