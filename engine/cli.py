@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill whole prompts",
     )
     p.add_argument(
+        "--no-cuda-graphs",
+        dest="cuda_graphs",
+        action="store_false",
+        help="on CUDA, run decode steps eagerly instead of replaying the CUDA graphs captured at load",
+    )
+    p.add_argument(
         "--no-prefix-cache",
         dest="enable_prefix_cache",
         action="store_false",

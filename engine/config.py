@@ -41,6 +41,8 @@ class EngineConfig:
     """Most sequences in one step's batch."""
     max_num_batched_tokens: int = 1024
     """Most new tokens in one step; with chunked prefill, long prompts are split to fit."""
+    cuda_graphs: bool = True
+    """On CUDA, replay decode steps as CUDA graphs captured at load (engine/core/cuda_graphs.py)."""
     max_model_len: int | None = None
     """Prompt plus output limit; None uses the model's own, capped by the KV-cache capacity."""
     enable_chunked_prefill: bool = True

@@ -49,6 +49,10 @@ BENCHMARKS = {
     ),
     "grammar-libraries": ("bench.engine.grammar_libraries", "llguidance against xgrammar (why llguidance)"),
     "kernels": ("bench.engine.kernels", "INT4 and ternary matmul kernels against half-precision matmul"),
+    "kernel-tuning": (
+        "bench.engine.kernel_tuning",
+        "on a GPU: time each Triton kernel's configs at a model's shapes, write the tuning table",
+    ),
     "cpu-linears": (
         "bench.engine.cpu_linears",
         "the default model's CPU linears: torch's kernels against the C kernels",

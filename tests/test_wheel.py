@@ -33,6 +33,7 @@ SHIPPED = [
     "tern_stack/services.py",
     "gateway/db.py",
     "engine/data/calibration.txt",
+    "engine/kernels/tuning_table.json",
     "bench/__init__.py",
     "bench/engine/serving.py",
     "bench/gateway/gateway.py",

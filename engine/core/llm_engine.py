@@ -74,6 +74,8 @@ class LLMEngine:
         self.model_name = config.served_model_name or model_name
         # Loaders type models as nn.Module; every engine model has the CausalLM methods the runner calls.
         self.runner = ModelRunner(cast(CausalLM, model), model_config, config, self.device, self.dtype)
+        # Before the engine exists, so before the server binds: /health waits for warm-up.
+        self.warmup = self.runner.warm_up(config) if self.device.type == "cuda" else None
         self.block_manager = self._make_block_manager(BlockAllocator(self.runner.num_blocks))
         capacity = self.runner.num_blocks * config.block_size
         self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)

@@ -20,10 +20,12 @@ import torch
 from torch import nn
 
 from engine.config import KV_TOKENS_PER_SEQ, EngineConfig
+from engine.core.cuda_graphs import DecodeGraphs, GraphCapture
 from engine.core.sampler import SampledToken
 from engine.core.sampler import sample as sample_rows
 from engine.core.scheduler import SchedulerOutput
 from engine.core.speculative import verify
+from engine.core.warmup import WarmupReport, warm_up
 from engine.layers.attention import Attention
 from engine.layers.context import Context, make_context, reset_context, set_context
 from engine.model_config import ModelConfig
@@ -75,11 +77,16 @@ class ModelRunner:
         else:
             self.num_blocks = self._blocks_from_budget(engine_config, engine_config.max_num_batched_tokens)
         layers = len(self.attention_layers)
-        shape = (2, layers, self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        # One block more than the scheduler hands out: the scratch block padding rows and warm-up
+        # steps write their K/V to (engine/core/warmup.py, engine/core/cuda_graphs.py).
+        self.scratch_block = self.num_blocks
+        shape = (2, layers, self.num_blocks + 1, self.block_size, self.num_kv_heads, self.head_dim)
         self.kv_cache = _zeroed_pool(shape, self.cache_dtype, device)
         for i, layer in enumerate(self.attention_layers):
             layer.k_cache = self.kv_cache[0, i]
             layer.v_cache = self.kv_cache[1, i]
+        self.graphs: DecodeGraphs | None = None
+        """Decode steps replayed as CUDA graphs, once :meth:`warm_up` captured them."""
         log.info(
             "KV cache: %d blocks of %d tokens (%.2f GiB)",
             self.num_blocks,
@@ -124,6 +131,21 @@ class ModelRunner:
             f"{peak / _GIB:.1f} GiB; free GPU memory (another engine on this GPU?), raise "
             "--gpu-memory-utilization or lower --max-num-batched-tokens",
         )
+
+    def warm_up(self, config: EngineConfig, capture: GraphCapture | None = None) -> WarmupReport:
+        """Compile the model's kernel shapes and capture its decode graphs (``engine/core/warmup.py``);
+        ``capture`` replaces CUDA's graph capture (tests on CPU)."""
+        report, self.graphs = warm_up(
+            self.model,
+            config,
+            device=self.device,
+            scratch_block=self.scratch_block,
+            block_size=self.block_size,
+            max_blocks=-(-self.max_context // self.block_size),
+            graph_safe=all(layer.backend.graph_safe for layer in self.attention_layers),
+            capture=capture,
+        )
+        return report
 
     @torch.inference_mode()
     def run(self, batch: SchedulerOutput) -> list[list[SampledToken]]:
@@ -187,6 +209,10 @@ class ModelRunner:
 
     def forward(self, step: PreparedStep) -> torch.Tensor:
         """The model over the flat batch, with the step's context set for attention: hidden [T, H]."""
+        if self.graphs is not None:
+            hidden = self.graphs.run(step.input_ids, step.positions, step.context)
+            if hidden is not None:
+                return hidden
         set_context(step.context)
         try:
             ids = torch.tensor(step.input_ids, dtype=torch.long, device=self.device)

@@ -17,36 +17,26 @@ One kernel serves two launch shapes:
   gives enough programs to fill the GPU when ``N`` alone is too small.
 - **GEMM** (larger ``M``): classic ``BLOCK_M x BLOCK_N`` tiles, no split, direct store.
 
-The dequantized tile is fed to ``tl.dot`` with fp32 accumulation. On a GPU both paths autotune;
-in the CPU interpreter a fixed config is used (autotune needs a driver) and the dot runs in fp32
-(the interpreter's bf16 dot is wrong, see docs/quantization.md).
+The dequantized tile is fed to ``tl.dot`` with fp32 accumulation. The launch config comes from the
+tuning table (``engine/kernels/tuning.py``: one of a few fixed configs per group size and launch
+kind, else the default), the same way on a GPU and in the CPU interpreter; there the dot runs in
+fp32 (the interpreter's bf16 dot is wrong, see docs/quantization.md).
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from engine.kernels import INTERPRET
-from engine.kernels.launch import (
-    DECODE_MAX_M,
-    decode_configs,
-    gemm_configs,
-    interpreter_config,
-    matmul_grid,
-    output_buffer,
-)
+from engine.kernels.launch import DECODE_MAX_M, matmul_grid, output_buffer
+from engine.kernels.tuning import INT4_GROUP_SIZES, LaunchConfig, chooser, int4_kernel
 
-SUPPORTED_GROUP_SIZES = (32, 64, 128)
-DECODE_BLOCK_KS = (32, 64, 128)
-DECODE_SPLIT_KS = (1, 2, 4, 8, 16)
-GEMM_BLOCK_KS = (32, 64, 128)
+SUPPORTED_GROUP_SIZES = INT4_GROUP_SIZES
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every batch size
 def _int4_matmul_kernel(
     x_ptr,
     qweight_ptr,
@@ -58,7 +48,6 @@ def _int4_matmul_kernel(
     K,
     stride_xm,
     stride_om,
-    M_BUCKET,  # only an autotune key: next power of two of M
     GROUP_SIZE: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -92,7 +81,7 @@ def _int4_matmul_kernel(
             mask=mask_m[:, None] & (ks[None, :] < K),
             other=0.0,
         )
-        # BLOCK_K divides GROUP_SIZE and K_pad is a multiple of GROUP_SIZE: packed rows are in bounds.
+        # BLOCK_K is GROUP_SIZE (the tuning spaces), K_pad a multiple of it: packed rows are in bounds.
         packed = tl.load(
             qweight_ptr + (k0 // 8 + offs_packed)[:, None] * N + offs_n[None, :],
             mask=mask_n[None, :],
@@ -116,22 +105,6 @@ def _int4_matmul_kernel(
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-def _prune_configs(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-    group_size = kwargs.get("GROUP_SIZE", named_args.get("GROUP_SIZE"))
-    return [c for c in configs if group_size % c.kwargs["BLOCK_K"] == 0]
-
-
-@functools.cache
-def _tuned_kernel(decode: bool) -> triton.runtime.Autotuner:
-    """Autotuned variants, built lazily: constructing an autotuner needs a GPU driver."""
-    return triton.autotune(
-        configs=decode_configs(DECODE_BLOCK_KS, DECODE_SPLIT_KS) if decode else gemm_configs(GEMM_BLOCK_KS),
-        key=["M_BUCKET", "N", "K", "GROUP_SIZE"],
-        prune_configs_by={"early_config_prune": _prune_configs},
-        reset_to_zero=["out_ptr"] if decode else None,
-    )(_int4_matmul_kernel)
-
-
 def int4_matmul(
     x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, group_size: int
 ) -> torch.Tensor:
@@ -147,20 +120,31 @@ def int4_matmul(
     out = output_buffer(x2, m, n, decode)
     if m == 0:
         return out.to(x.dtype).reshape(*x.shape[:-1], n)
-    grid = matmul_grid(m, n)
-    args = (x2, qweight, scales, mins, out, m, n, k, x2.stride(0), out.stride(0))
-    common = {
-        "M_BUCKET": triton.next_power_of_2(m),
-        "GROUP_SIZE": group_size,
-        "ATOMIC_OUT": decode,
-        "DOT_FP32": INTERPRET or x.dtype == torch.float32,
-    }
-    if INTERPRET:
-        cfg = interpreter_config(decode, block_k=min(32, group_size))
-        _int4_matmul_kernel[grid(cfg)](*args, **common, **cfg, num_warps=4)
-    else:
-        _tuned_kernel(decode)[grid](*args, **common)
+    config = chooser().choose(int4_kernel(group_size, decode), n, k, m)
+    launch_int4(x2, qweight, scales, mins, out, group_size, config)
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def launch_int4(
+    x2: torch.Tensor,
+    qweight: torch.Tensor,
+    scales: torch.Tensor,
+    mins: torch.Tensor,
+    out: torch.Tensor,
+    group_size: int,
+    config: LaunchConfig,
+) -> None:
+    """One launch of the kernel with ``config`` into ``out`` (zeroed for a split-K config); the tuning
+    bench times each config of a space through this."""
+    m, k = x2.shape
+    n = qweight.shape[1]
+    _int4_matmul_kernel[matmul_grid(m, n, config)](
+        x2, qweight, scales, mins, out, m, n, k, x2.stride(0), out.stride(0),
+        GROUP_SIZE=group_size,
+        ATOMIC_OUT=config["SPLIT_K"] > 1,
+        DOT_FP32=INTERPRET or x2.dtype == torch.float32,
+        **config.kwargs(),
+    )  # fmt: skip
 
 
 def _check_layout(

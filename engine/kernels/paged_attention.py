@@ -13,8 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.kernels.tuning import PAGED_DECODE
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["stride_table_seq"])  # block tables of any width: one compile
 def _paged_decode_kernel(
     q_ptr,
     k_cache_ptr,
@@ -127,6 +129,7 @@ def paged_attention(
         BLOCK_SIZE=block_size,
         BLOCK_G=max(triton.next_power_of_2(group), 2),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        **PAGED_DECODE.default.kwargs(),
     )
     return out
 

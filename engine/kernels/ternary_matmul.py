@@ -14,30 +14,19 @@ Layout (chosen for the kernel, produced once at load time by :func:`pack_ternary
 Two kernels: :func:`quantize_activations` (one program per row: absmax, then round half to even
 like ``torch.round``) and the matmul, which, like the INT4 kernel, has a split-K decode launch for
 ``M <= 16`` (fp32 ``atomic_add`` of scaled partial sums) and a tiled GEMM launch for larger ``M``.
-The dot is int8 x int8 -> int32, exact. Autotuned on a GPU, fixed config in the CPU interpreter.
+The dot is int8 x int8 -> int32, exact. Launch configs come from the tuning table
+(``engine/kernels/tuning.py``), on a GPU and in the CPU interpreter alike.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
-from engine.kernels import INTERPRET
-from engine.kernels.launch import (
-    DECODE_MAX_M,
-    decode_configs,
-    gemm_configs,
-    interpreter_config,
-    matmul_grid,
-    output_buffer,
-)
+from engine.kernels.launch import DECODE_MAX_M, matmul_grid, output_buffer
+from engine.kernels.tuning import LaunchConfig, chooser
 
-DECODE_BLOCK_KS = (64, 128, 256)
-DECODE_SPLIT_KS = (1, 2, 4, 8)
-GEMM_BLOCK_KS = (64, 128)
 ACT_QMAX = 127
 ACT_EPS = 1e-5  # lower bound on a row's absmax, as in transformers' BitLinear
 
@@ -50,7 +39,7 @@ def _round_half_even(y):
     return tl.where(is_tie & is_odd, r - 1.0, r)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["K", "stride_xm"])  # one compile for every width
 def _quantize_activations_kernel(x_ptr, xq_ptr, x_scale_ptr, K, stride_xm, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
@@ -69,7 +58,7 @@ def _quantize_activations_kernel(x_ptr, xq_ptr, x_scale_ptr, K, stride_xm, BLOCK
     tl.store(x_scale_ptr + row, scale)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])  # one compile for every batch size
 def _ternary_matmul_kernel(
     xq_ptr,
     x_scale_ptr,
@@ -80,7 +69,6 @@ def _ternary_matmul_kernel(
     N,
     K,
     stride_om,
-    M_BUCKET,  # only an autotune key: next power of two of M
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -131,25 +119,20 @@ def _ternary_matmul_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@functools.cache
-def _tuned_kernel(decode: bool) -> triton.runtime.Autotuner:
-    """Autotuned variants, built lazily: constructing an autotuner needs a GPU driver."""
-    return triton.autotune(
-        configs=decode_configs(DECODE_BLOCK_KS, DECODE_SPLIT_KS) if decode else gemm_configs(GEMM_BLOCK_KS),
-        key=["M_BUCKET", "N", "K"],
-        reset_to_zero=["out_ptr"] if decode else None,
-    )(_ternary_matmul_kernel)
-
-
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row int8 absmax quantization: ``x [M, K] -> (x_q int8 [M, K], s_x fp32 [M])``."""
     m, k = x.shape
     xq = torch.empty((m, k), device=x.device, dtype=torch.int8)
     x_scale = torch.empty((m,), device=x.device, dtype=torch.float32)
     if m:
-        block = 64 if INTERPRET else min(4096, triton.next_power_of_2(k))
-        _quantize_activations_kernel[(m,)](x, xq, x_scale, k, x.stride(0), BLOCK=block)
+        launch_quantize(x, xq, x_scale, chooser().choose("ternary_quantize", 0, k, m))
     return xq, x_scale
+
+
+def launch_quantize(x: torch.Tensor, xq: torch.Tensor, x_scale: torch.Tensor, config: LaunchConfig) -> None:
+    """One launch of the activation quantizer with ``config`` (BLOCK is a loop tile, not the width)."""
+    m, k = x.shape
+    _quantize_activations_kernel[(m,)](x, xq, x_scale, k, x.stride(0), **config.kwargs())
 
 
 def ternary_matmul(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
@@ -166,14 +149,27 @@ def ternary_matmul(x: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor
     decode = m <= DECODE_MAX_M
     out = output_buffer(x2, m, n, decode)
     if m:
-        grid = matmul_grid(m, n)
-        args = (xq, x_scale, qweight, w_scale, out, m, n, k, out.stride(0), triton.next_power_of_2(m))
-        if INTERPRET:
-            cfg = interpreter_config(decode, block_k=32)
-            _ternary_matmul_kernel[grid(cfg)](*args, ATOMIC_OUT=decode, **cfg)
-        else:
-            _tuned_kernel(decode)[grid](*args, ATOMIC_OUT=decode)
+        config = chooser().choose("ternary_decode" if decode else "ternary_gemm", n, k, m)
+        launch_ternary(xq, x_scale, qweight, w_scale, out, config)
     return out.to(x.dtype).reshape(*x.shape[:-1], n)
+
+
+def launch_ternary(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    qweight: torch.Tensor,
+    w_scale: torch.Tensor,
+    out: torch.Tensor,
+    config: LaunchConfig,
+) -> None:
+    """One matmul launch with ``config`` into ``out`` (zeroed fp32 for a split-K config)."""
+    m, k = xq.shape
+    n = qweight.shape[1]
+    _ternary_matmul_kernel[matmul_grid(m, n, config)](
+        xq, x_scale, qweight, w_scale, out, m, n, k, out.stride(0),
+        ATOMIC_OUT=config["SPLIT_K"] > 1,
+        **config.kwargs(),
+    )  # fmt: skip
 
 
 # -- layout conversion and reference ----------------------------------------------------------------

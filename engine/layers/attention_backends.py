@@ -28,6 +28,10 @@ DECODE_KEY_BUCKET = 128
 
 class DecodeBackend(Protocol):
     name: str
+    graph_safe: bool
+    """Reads the step only from the context's device tensors (never its host lists), so a decode step
+    can be captured once as a CUDA graph and replayed with new tables and lengths
+    (``engine/core/cuda_graphs.py``)."""
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The KV cache's dtype for a model computing in ``model_dtype``."""
@@ -62,6 +66,7 @@ class TritonDecode:
     """CUDA: the Triton paged-attention kernel."""
 
     name = "triton"
+    graph_safe = True
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return model_dtype
@@ -85,6 +90,7 @@ class CDecode:
     """The float32 CPU fast path: the C kernel over a float16 cache, in place."""
 
     name = "c"
+    graph_safe = False  # a CPU kernel: nothing to capture
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return torch.float16 if model_dtype == torch.float32 else model_dtype
@@ -108,6 +114,7 @@ class TorchDecode:
     """Any device: the rows' blocks gathered and one SDPA per key-length bucket."""
 
     name = "torch"
+    graph_safe = False  # groups rows by the host-side lengths
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         return model_dtype
