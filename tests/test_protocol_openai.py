@@ -219,17 +219,21 @@ def test_tool_calls_are_sent_in_openai_shape_streamed_and_whole() -> None:
     )
     out += fmt.frame(FinalFrame(finish_reason="tool_calls", prompt_tokens=4, completion_tokens=1))
     chunks = sse_payloads(out)[:-1]
+    # As OpenAI streams a call: its id and name, then its arguments as a delta.
     assert chunks[0]["choices"][0]["delta"] == {
         "tool_calls": [
             {
                 "index": 0,
                 "id": "call_get_weather",
                 "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                "function": {"name": "get_weather", "arguments": ""},
             }
         ]
     }
-    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[1]["choices"][0]["delta"] == {
+        "tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]
+    }
+    assert chunks[2]["choices"][0]["finish_reason"] == "tool_calls"
 
     whole = ResponseAccumulator(
         parse_request(ChatCompletionRequest, chat(tools=[WEATHER_TOOL])), request_id="t"
@@ -266,6 +270,7 @@ def test_chat_stream_chunks_role_content_finish_usage_done() -> None:
         "completion_tokens": 2,
         "total_tokens": 6,
         "prompt_tokens_details": {"cached_tokens": 2},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 

@@ -81,7 +81,7 @@ def test_input_items_become_the_chat_conversation() -> None:
     [
         ({"input": "hi", "store": True}, "store"),
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
     ],
 )
@@ -89,6 +89,29 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(body: dict[str, Any], param:
     with pytest.raises(OpenAIRequestError) as refused:
         parse(**body).to_chat()
     assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_reasoning_effort_reaches_the_chat_request_and_reasoning_items_sent_back_are_dropped() -> None:
+    request = parse(
+        input=[
+            {"role": "user", "content": "hi"},
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "x"}],
+            },
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"},
+        ],
+        reasoning={"effort": "none"},
+    )
+    chat = request.to_chat()
+    assert chat.reasoning_effort == "none" and len(chat.messages) == 3
+    assert chat.to_generate_request(request_id="r").chat_template_kwargs == {
+        "reasoning_effort": "none",
+        "enable_thinking": False,
+    }
 
 
 def test_built_in_tools_and_images_are_refused_by_name() -> None:
