@@ -245,3 +245,40 @@ def test_an_openai_servers_streamed_calls_are_put_together_by_index() -> None:
     }
     frame = ChatChunkFrames().answer(whole)
     assert frame.text == "" and [c.id for c in frame.tool_calls or []] == ["call_c"]
+
+
+def test_reasoning_is_an_item_of_its_own_before_the_message() -> None:
+    frames = [
+        DeltaFrame(reasoning="Hmm.", token_ids=[1]),
+        DeltaFrame(text="Paris", token_ids=[2]),
+        DeltaFrame(text=".", token_ids=[3], finish_reason="stop"),
+        FinalFrame(finish_reason="stop", prompt_tokens=5, completion_tokens=3, reasoning_tokens=1),
+    ]
+    stream = ResponsesStream(parse(input="hi", stream=True), request_id="r", created=1)
+    sent = events(stream, frames)
+    kinds = [e["type"] for e in sent]
+    assert kinds[2:6] == [
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.output_item.done",
+    ]
+    assert sent[2]["item"]["type"] == "reasoning" and sent[3]["delta"] == "Hmm."
+    added = [e for e in sent if e["type"] == "response.output_item.added"]
+    assert [(e["output_index"], e["item"]["type"]) for e in added] == [(0, "reasoning"), (1, "message")]
+    assert {e["output_index"] for e in sent if e["type"] == "response.output_text.delta"} == {1}
+    final = sent[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "Hmm."}]
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
+
+    whole = ResponseBuilder(parse(input="hi"), request_id="r")
+    for frame in frames[:-1]:
+        whole.add(frame)  # type: ignore[arg-type]
+    body = whole.response(frames[-1])  # type: ignore[arg-type]
+    assert body["output"] == final["output"]
+
+
+def test_an_openai_servers_reasoning_content_becomes_reasoning_frames() -> None:
+    frames = ChatChunkFrames().frames({"choices": [{"delta": {"reasoning_content": "x", "content": "y"}}]})
+    assert [(f.reasoning, f.text) for f in frames] == [("x", ""), (None, "y")]

@@ -112,9 +112,11 @@ class ReasoningParser:
         if end >= 0:
             self._state, self._trim = _State.CONTENT, True
             return text[:end].rstrip("\n"), self._content(text[end + len(THINK_CLOSE) :])
+        # Held back: what may be the marker's start, and the newlines before it (layout, if it comes).
         keep = partial_suffix(text, THINK_CLOSE)
-        self._held = text[len(text) - keep :]
-        return text[: len(text) - keep], ""
+        sure = text[: len(text) - keep].rstrip("\n")
+        self._held = text[len(sure) :]
+        return sure, ""
 
     def _content(self, text: str) -> str:
         if self._trim:  # the blank line between the think block and the answer
