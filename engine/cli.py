@@ -134,6 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
         "--kv-events-replay-port", type=int, help="the events' replay (ROUTER) port (default: the port + 1)"
     )
     p.add_argument("--kv-events-topic", help="the events' topic (default: kv@<hostname>@<served model name>)")
+    p.add_argument(
+        "--chat-template-file",
+        help="a Jinja chat template that replaces the model's own (its thinking markers and tool-call "
+        "format are then read from it)",
+    )
+    p.add_argument(
+        "--thinking-budget-chars",
+        type=int,
+        default=defaults.thinking_budget_chars,
+        help="most characters a reasoning model thinks before a constrained answer (1-2048)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=["auto", "hermes", "llama3_json"],
+        default=defaults.tool_call_parser,
+        help="the format of the model's tool calls (default: read from the chat template)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p
 

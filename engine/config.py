@@ -64,6 +64,16 @@ class EngineConfig:
     """The replay (ROUTER) port; None: ``kv_events_port + 1`` when events are on."""
     kv_events_topic: str | None = None
     """None: ``kv@<hostname>@<served model name>``."""
+    chat_template_file: str | None = None
+    """A Jinja file that replaces the model's own chat template (llama-server's ``--chat-template-file``):
+    the reasoning markers and the tool-call format are then read from it."""
+    thinking_budget_chars: int = 2048
+    """Where a reasoning model thinks before a constrained answer (``response_format``, a forced tool
+    call), the most characters of thinking before the grammar closes the think block (at most 2048:
+    engine/structured/reasoning.py)."""
+    tool_call_parser: str = "auto"
+    """auto | hermes | llama3_json: the format tool calls are parsed (and forced) in; auto reads it from
+    the chat template (vLLM's ``--tool-call-parser``; docs/structured-output.md)."""
     quant: str = "auto"
     """auto | none | int4 | bitnet: auto follows the checkpoint (AutoAWQ config, BitNet architecture);
     int4/bitnet on a float checkpoint quantize it at load (RTN g128 / absmean)."""
@@ -89,6 +99,12 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.cpu_kernels not in ("auto", "c", "torch"):
             raise ValueError(f"cpu_kernels must be auto, c or torch, not {self.cpu_kernels!r}")
+        if not 1 <= self.thinking_budget_chars <= 2048:
+            raise ValueError("thinking_budget_chars must be between 1 and 2048")
+        if self.tool_call_parser not in ("auto", "hermes", "llama3_json"):
+            raise ValueError(
+                f"tool_call_parser must be auto, hermes or llama3_json: {self.tool_call_parser!r}"
+            )
         if self.quant not in ("auto", "none", "int4", "bitnet"):
             raise ValueError(f"quant must be auto, none, int4 or bitnet, not {self.quant!r}")
         if self.dtype not in ("auto", "float32", "float16", "bfloat16"):

@@ -106,6 +106,11 @@ class GenerateRequest(_Strict):
     json_schema: dict[str, Any] | None = Field(
         default=None, description="Constrain the output to JSON valid against this schema (structured output)"
     )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra variables for the chat template (``enable_thinking``: whether a reasoning "
+        "model thinks first)",
+    )
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
@@ -147,6 +152,9 @@ class DeltaFrame(BaseModel):
     type: Literal["delta"] = "delta"
     index: int = 0
     text: str = ""
+    reasoning: str | None = Field(
+        default=None, description="The model's thinking (``reasoning_content``); ``text`` is the answer"
+    )
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list[ToolCall] | None = None
@@ -162,6 +170,7 @@ class FinalFrame(BaseModel):
     prompt_tokens: int
     cached_tokens: int = 0
     completion_tokens: int
+    reasoning_tokens: int = Field(default=0, description="Of ``completion_tokens``, those spent thinking")
 
 
 class ErrorFrame(BaseModel):

@@ -219,17 +219,21 @@ def test_tool_calls_are_sent_in_openai_shape_streamed_and_whole() -> None:
     )
     out += fmt.frame(FinalFrame(finish_reason="tool_calls", prompt_tokens=4, completion_tokens=1))
     chunks = sse_payloads(out)[:-1]
+    # As OpenAI streams a call: its id and name, then its arguments as a delta.
     assert chunks[0]["choices"][0]["delta"] == {
         "tool_calls": [
             {
                 "index": 0,
                 "id": "call_get_weather",
                 "type": "function",
-                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                "function": {"name": "get_weather", "arguments": ""},
             }
         ]
     }
-    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[1]["choices"][0]["delta"] == {
+        "tool_calls": [{"index": 0, "function": {"arguments": '{"city": "Paris"}'}}]
+    }
+    assert chunks[2]["choices"][0]["finish_reason"] == "tool_calls"
 
     whole = ResponseAccumulator(
         parse_request(ChatCompletionRequest, chat(tools=[WEATHER_TOOL])), request_id="t"
@@ -266,6 +270,7 @@ def test_chat_stream_chunks_role_content_finish_usage_done() -> None:
         "completion_tokens": 2,
         "total_tokens": 6,
         "prompt_tokens_details": {"cached_tokens": 2},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
 
 
@@ -343,3 +348,48 @@ def test_non_streaming_completion_response() -> None:
         (0, "a", "stop"),
         (1, "b", "length"),
     ]
+
+
+def test_reasoning_goes_out_apart_from_content_streamed_and_whole() -> None:
+    frames = [
+        DeltaFrame(reasoning="Think", token_ids=[1, 2]),
+        DeltaFrame(reasoning="ing.", text="Paris", token_ids=[3]),
+        DeltaFrame(text=".", token_ids=[4], finish_reason="stop"),
+    ]
+    final = FinalFrame(finish_reason="stop", prompt_tokens=5, completion_tokens=4, reasoning_tokens=3)
+    req = parse_request(ChatCompletionRequest, chat(stream=True, stream_options={"include_usage": True}))
+    fmt = StreamFormatter(req, request_id="t", created=1)
+    chunks = sse_payloads(b"".join(fmt.frame(f) for f in [*frames, final]))[:-1]
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert [d.get("reasoning_content") for d in deltas if "reasoning_content" in d] == ["Think", "ing."]
+    assert "".join(d.get("content", "") for d in deltas) == "Paris."
+    assert all(not ("reasoning_content" in d and "content" in d) for d in deltas)
+    assert chunks[-1]["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+
+    whole = ResponseAccumulator(parse_request(ChatCompletionRequest, chat()), request_id="t")
+    for frame in frames:
+        whole.add(frame)
+    body = whole.response(final)
+    assert body["choices"][0]["message"] == {
+        "role": "assistant",
+        "content": "Paris.",
+        "reasoning_content": "Thinking.",
+    }
+    assert body["usage"]["completion_tokens_details"] == {"reasoning_tokens": 3}
+
+
+def test_thinking_switches_reach_the_template() -> None:
+    kwargs = {"enable_thinking": True, "custom": 1}
+    req = parse_request(ChatCompletionRequest, chat(chat_template_kwargs=kwargs, reasoning_effort="minimal"))
+    gen = req.to_generate_request(request_id="r")
+    assert gen.chat_template_kwargs == {"reasoning_effort": "minimal", "enable_thinking": True, "custom": 1}
+    off = parse_request(ChatCompletionRequest, chat(reasoning_effort="none")).to_generate_request(
+        request_id="r"
+    )
+    assert off.chat_template_kwargs == {"reasoning_effort": "none", "enable_thinking": False}
+    assert (
+        parse_request(ChatCompletionRequest, chat()).to_generate_request(request_id="r").chat_template_kwargs
+        is None
+    )
+    assert refused(ChatCompletionRequest, chat(reasoning_effort="max")).param == "reasoning_effort"
+    assert refused(ChatCompletionRequest, chat(chat_template_kwargs=[1])).param == "chat_template_kwargs"

@@ -81,7 +81,7 @@ def test_input_items_become_the_chat_conversation() -> None:
     [
         ({"input": "hi", "store": True}, "store"),
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({"input": "hi", "reasoning": {"effort": "high"}}, "reasoning"),
+        ({"input": "hi", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
         ({"input": "hi", "tool_choice": "required"}, "tool_choice"),
     ],
 )
@@ -89,6 +89,29 @@ def test_what_cannot_be_honoured_is_a_400_naming_it(body: dict[str, Any], param:
     with pytest.raises(OpenAIRequestError) as refused:
         parse(**body).to_chat()
     assert refused.value.status == 400 and refused.value.param == param
+
+
+def test_reasoning_effort_reaches_the_chat_request_and_reasoning_items_sent_back_are_dropped() -> None:
+    request = parse(
+        input=[
+            {"role": "user", "content": "hi"},
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "x"}],
+            },
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "again"},
+        ],
+        reasoning={"effort": "none"},
+    )
+    chat = request.to_chat()
+    assert chat.reasoning_effort == "none" and len(chat.messages) == 3
+    assert chat.to_generate_request(request_id="r").chat_template_kwargs == {
+        "reasoning_effort": "none",
+        "enable_thinking": False,
+    }
 
 
 def test_built_in_tools_and_images_are_refused_by_name() -> None:
@@ -222,3 +245,40 @@ def test_an_openai_servers_streamed_calls_are_put_together_by_index() -> None:
     }
     frame = ChatChunkFrames().answer(whole)
     assert frame.text == "" and [c.id for c in frame.tool_calls or []] == ["call_c"]
+
+
+def test_reasoning_is_an_item_of_its_own_before_the_message() -> None:
+    frames = [
+        DeltaFrame(reasoning="Hmm.", token_ids=[1]),
+        DeltaFrame(text="Paris", token_ids=[2]),
+        DeltaFrame(text=".", token_ids=[3], finish_reason="stop"),
+        FinalFrame(finish_reason="stop", prompt_tokens=5, completion_tokens=3, reasoning_tokens=1),
+    ]
+    stream = ResponsesStream(parse(input="hi", stream=True), request_id="r", created=1)
+    sent = events(stream, frames)
+    kinds = [e["type"] for e in sent]
+    assert kinds[2:6] == [
+        "response.output_item.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.output_item.done",
+    ]
+    assert sent[2]["item"]["type"] == "reasoning" and sent[3]["delta"] == "Hmm."
+    added = [e for e in sent if e["type"] == "response.output_item.added"]
+    assert [(e["output_index"], e["item"]["type"]) for e in added] == [(0, "reasoning"), (1, "message")]
+    assert {e["output_index"] for e in sent if e["type"] == "response.output_text.delta"} == {1}
+    final = sent[-1]["response"]
+    assert [item["type"] for item in final["output"]] == ["reasoning", "message"]
+    assert final["output"][0]["content"] == [{"type": "reasoning_text", "text": "Hmm."}]
+    assert final["usage"]["output_tokens_details"] == {"reasoning_tokens": 1}
+
+    whole = ResponseBuilder(parse(input="hi"), request_id="r")
+    for frame in frames[:-1]:
+        whole.add(frame)  # type: ignore[arg-type]
+    body = whole.response(frames[-1])  # type: ignore[arg-type]
+    assert body["output"] == final["output"]
+
+
+def test_an_openai_servers_reasoning_content_becomes_reasoning_frames() -> None:
+    frames = ChatChunkFrames().frames({"choices": [{"delta": {"reasoning_content": "x", "content": "y"}}]})
+    assert [(f.reasoning, f.text) for f in frames] == [("x", ""), (None, "y")]

@@ -18,6 +18,7 @@ from engine.core.sampler import SampledToken
 from engine.core.sequence import Sequence
 from engine.core.stopping import StopStringMatcher
 from engine.structured.grammar import grammar_complete
+from engine.structured.reasoning import ReasoningParser
 from engine.structured.tool_calls import ToolCallParser
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -29,6 +30,7 @@ class ChoiceState:
     detokenizer: IncrementalDetokenizer
     stop: StopStringMatcher
     tools: ToolCallParser | None = None
+    reasoning: ReasoningParser | None = None
     seq: Sequence | None = None
     finish_reason: FinishReason | None = None
     num_tokens: int = 0
@@ -57,6 +59,7 @@ class ChoiceState:
             text += self.stop.flush()
             if self.stop.stopped:
                 reason = "stop"
+        thought, text = self._split_reasoning(text, ended=reason is not None)
         tool_calls = None
         if self.tools is not None:
             text = self.tools.feed(text)
@@ -69,12 +72,27 @@ class ChoiceState:
             index=seq.index,
             token_ids=[token_id],
             text=text,
+            reasoning=thought,
             tool_calls=tool_calls or None,
             finish_reason=reason,
         )
         if token.logprob is not None:
             delta.logprobs = [Logprob(token_id, token.logprob, list(token.top_logprobs or []))]
         return delta
+
+    def _split_reasoning(self, text: str, *, ended: bool) -> tuple[str, str]:
+        """(reasoning, content) of one token's text; tool calls are looked for in the content only."""
+        if self.reasoning is None:
+            return "", text
+        thought, content = self.reasoning.feed(text)
+        if ended:
+            more_thought, more_content = self.reasoning.finish()
+            thought, content = thought + more_thought, content + more_content
+        return thought, content
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return 0 if self.reasoning is None else self.reasoning.reasoning_tokens
 
 
 @dataclass(eq=False)
@@ -94,6 +112,7 @@ class RequestState:
                 IncrementalDetokenizer(tokenizer, prompt_ids=prompt),
                 StopStringMatcher(list(sampling.stop)),
                 tools=request.tool_parser() if request.tool_parser else None,
+                reasoning=request.reasoning_parser() if request.reasoning_parser else None,
             )
             for _ in range(sampling.n)
         ]
@@ -111,4 +130,5 @@ class RequestState:
             prompt_tokens=len(self.request.prompt_token_ids),
             cached_tokens=first.num_cached_tokens if first else 0,
             completion_tokens=sum(c.num_tokens for c in self.choices),
+            reasoning_tokens=sum(c.reasoning_tokens for c in self.choices),
         )

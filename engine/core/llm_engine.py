@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -69,6 +70,8 @@ class LLMEngine:
         on CPU the default thread count follows it (``default_num_threads``)."""
         if self.device.type == "cpu":
             torch.set_num_threads(config.resolved_num_threads(steps_in_c=self.steps_in_c))
+        if config.chat_template_file:  # read here, so a missing file stops the engine before it serves
+            tokenizer.chat_template = Path(config.chat_template_file).read_text()
         self.tokenizer = tokenizer
         self.model_config = model_config
         self.model_name = config.served_model_name or model_name

@@ -16,6 +16,7 @@ from engine.structured.tool_calls import ToolCall
 
 if TYPE_CHECKING:
     from engine.structured.grammar import Grammar
+    from engine.structured.reasoning import ReasoningParser
     from engine.structured.tool_calls import ToolCallParser
 
 __all__ = [
@@ -71,6 +72,8 @@ class EngineRequest:
     """Structured output: every choice's tokens are held to this grammar."""
     tool_parser: Callable[[], ToolCallParser] | None = None
     """Tool calling: makes each choice's parser, which finds the calls in its text."""
+    reasoning_parser: Callable[[], ReasoningParser] | None = None
+    """Reasoning models: makes each choice's parser, which tells its thinking from its answer."""
 
 
 @dataclass
@@ -89,6 +92,8 @@ class ChoiceDelta:
     index: int
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
+    reasoning: str = ""
+    """Text of the model's thinking (``reasoning_content``); ``text`` is the answer."""
     logprobs: list[Logprob] | None = None
     tool_calls: list[ToolCall] | None = None
     finish_reason: FinishReason | None = None
@@ -103,6 +108,8 @@ class RequestUsage:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those spent thinking."""
 
     @property
     def finish_reason(self) -> FinishReason:

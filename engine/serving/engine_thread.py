@@ -75,6 +75,8 @@ class EngineThread:
                 engine.tokenizer,
                 model_name=engine.model_name,
                 grammars=engine.grammars,
+                tool_call_parser=engine.config.tool_call_parser,
+                thinking_budget_chars=engine.config.thinking_budget_chars,
             )
             if request.ledger_tag is not None:
                 self.ledger.start(request_id, request.ledger_tag, len(core.prompt_token_ids))

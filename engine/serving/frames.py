@@ -35,6 +35,8 @@ def delta_frame(delta: ChoiceDelta, tokenizer: Tokenizer) -> DeltaFrame:
     frame = DeltaFrame(
         index=delta.index, text=delta.text, token_ids=list(delta.token_ids), finish_reason=delta.finish_reason
     )
+    if delta.reasoning:
+        frame.reasoning = delta.reasoning
     if delta.logprobs is not None:
         frame.logprobs = [token_logprob(lp, tokenizer) for lp in delta.logprobs]
     if delta.tool_calls:
@@ -49,6 +51,7 @@ def final_frame(usage: RequestUsage) -> FinalFrame:
         prompt_tokens=usage.prompt_tokens,
         cached_tokens=usage.cached_tokens,
         completion_tokens=usage.completion_tokens,
+        reasoning_tokens=usage.reasoning_tokens,
     )
 
 
@@ -82,7 +85,14 @@ def generate_frames(
 ) -> dict[str, list[DeltaFrame | FinalFrame]]:
     """Run wire requests to completion (tests, offline use): the frames each would stream."""
     core = [
-        engine_request(r, engine.tokenizer, model_name=engine.model_name, grammars=engine.grammars)
+        engine_request(
+            r,
+            engine.tokenizer,
+            model_name=engine.model_name,
+            grammars=engine.grammars,
+            tool_call_parser=engine.config.tool_call_parser,
+            thinking_budget_chars=engine.config.thinking_budget_chars,
+        )
         for r in requests
     ]
     return {rid: to_frames(out, engine.tokenizer) for rid, out in engine.generate(core).items()}

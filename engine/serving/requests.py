@@ -7,13 +7,24 @@ long prompts do not hold up the forward pass.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import fields
 from functools import partial
 
 from engine.core.outputs import EngineRequest, ErrorKind, RequestError, SamplingParams
-from engine.structured.grammar import Grammar, GrammarCompiler
-from engine.structured.tool_calls import ToolCallParser, template_supports_tools, tool_call_format
+from engine.structured.grammar import Grammar, GrammarCompiler, lark_json
+from engine.structured.reasoning import (
+    THINKING_BUDGET_CHARS,
+    ReasoningParser,
+    ThinkingMode,
+    after_thinking,
+    thinking_mode,
+)
+from engine.structured.tool_calls import (
+    ToolCallFormat,
+    ToolCallParser,
+    template_supports_tools,
+    tool_call_format,
+)
 from engine.structured.tools import forced_call_grammar, prompt_messages
 from engine.tokenizer import Tokenizer
 from protocol.rpc import GenerateRequest, ToolSpec
@@ -42,63 +53,92 @@ def active_tools(request: GenerateRequest) -> list[ToolSpec]:
     return list(request.tools or []) if request.tool_choice != "none" else []
 
 
-def tokenize(request: GenerateRequest, tokenizer: Tokenizer) -> list[int]:
+def render(request: GenerateRequest, tokenizer: Tokenizer) -> str:
+    """A chat request's prompt text: its messages (and tools) through the chat template, with the
+    request's ``chat_template_kwargs`` (``enable_thinking``) as template variables."""
+    messages = [m.model_dump(exclude_none=True) for m in request.messages or []]
+    tools = None
+    if request.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+        messages, tools = prompt_messages(
+            messages,
+            active_tools(request),
+            template_has_tools=template_supports_tools(tokenizer.chat_template),
+        )
+    extra = dict(request.chat_template_kwargs or {})
+    for reserved in ("messages", "tools", "xml_tools", "add_generation_prompt", *tokenizer.special_tokens):
+        extra.pop(reserved, None)  # a client may not overwrite what the server passes
+    if tools and "xml_tools" in (tokenizer.chat_template or ""):
+        extra["xml_tools"] = [t["function"] for t in tools]  # SmolLM3's template takes them so
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, **extra)
+    except Exception as exc:  # template errors are the caller's input problem
+        raise RequestError(f"could not apply the chat template: {exc}", param="messages") from exc
+
+
+def tokenize(request: GenerateRequest, tokenizer: Tokenizer, prompt_text: str | None = None) -> list[int]:
     """The prompt's token ids: chat messages through the template, text encoded, ids as given."""
     if request.messages is not None:
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
-        tools = None
-        if request.tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
-            messages, tools = prompt_messages(
-                messages,
-                active_tools(request),
-                template_has_tools=template_supports_tools(tokenizer.chat_template),
-            )
-        try:
-            return tokenizer.encode_chat(messages, tools=tools) if tools else tokenizer.encode_chat(messages)
-        except Exception as exc:  # template errors are the caller's input problem
-            raise RequestError(f"could not apply the chat template: {exc}", param="messages") from exc
+        text = render(request, tokenizer) if prompt_text is None else prompt_text
+        return tokenizer.encode(text, add_special_tokens=False)  # the template wrote its special tokens
     if isinstance(request.prompt, str):
         return tokenizer.encode(request.prompt)
     return list(request.prompt or [])
 
 
-def grammar(request: GenerateRequest, grammars: GrammarCompiler, chat_template: str | None) -> Grammar | None:
-    """The grammar a request's output is held to: a forced tool call, else its JSON schema, else none.
+def tool_format(chat_template: str | None, override: str = "auto") -> ToolCallFormat:
+    """The tool-call format: the engine's ``--tool-call-parser`` if set, else the chat template's."""
+    return tool_call_format(chat_template) if override == "auto" else ToolCallFormat(override)
+
+
+def grammar(
+    request: GenerateRequest,
+    grammars: GrammarCompiler,
+    fmt: ToolCallFormat,
+    thinking: ThinkingMode | None = None,
+    thinking_budget_chars: int = THINKING_BUDGET_CHARS,
+) -> Grammar | None:
+    """The grammar a request's output is held to: a forced tool call, else its JSON schema, else none;
+    behind a free think block where the model thinks first (the answer alone is constrained).
     Compiled here, in the request's worker thread, so the step loop never waits on it."""
     tools = active_tools(request)
+    lark, param = None, "response_format"
     if tools:
-        fmt = tool_call_format(chat_template)
         lark = forced_call_grammar(tools, request.tool_choice, parallel=request.parallel_tool_calls, fmt=fmt)
-        if lark is not None:
-            return grammars.compile(lark, param="tools")
-    if request.json_schema is not None:
-        return grammars.json_schema(request.json_schema)
-    return None
-
-
-def tool_parser(tools: list[ToolSpec], chat_template: str | None) -> Callable[[], ToolCallParser] | None:
-    """What makes each choice's tool-call parser (None without tools)."""
-    if not tools:
+        param = "tools"
+    if lark is None and request.json_schema is not None:
+        if thinking is None:
+            return grammars.json_schema(request.json_schema)
+        lark = lark_json(request.json_schema)
+    if lark is None:
         return None
-    return partial(ToolCallParser, [t.function.name for t in tools], tool_call_format(chat_template))
+    if thinking is not None:
+        lark = after_thinking(lark, thinking, thinking_budget_chars)
+    return grammars.compile(lark, param=param)
 
 
 def engine_request(
-    request: GenerateRequest, tokenizer: Tokenizer, *, model_name: str, grammars: GrammarCompiler
+    request: GenerateRequest,
+    tokenizer: Tokenizer,
+    *,
+    model_name: str,
+    grammars: GrammarCompiler,
+    tool_call_parser: str = "auto",
+    thinking_budget_chars: int = THINKING_BUDGET_CHARS,
 ) -> EngineRequest:
     """Check and tokenise a wire request; raises :class:`RequestError` for bad input."""
     check_model(request, model_name)
     tools = active_tools(request)
+    template = tokenizer.chat_template
+    fmt = tool_format(template, tool_call_parser)
+    prompt_text = render(request, tokenizer) if request.messages is not None else None
+    thinking = None if prompt_text is None else thinking_mode(template, prompt_text)
     return EngineRequest(
         request_id=request.request_id,
-        prompt_token_ids=tokenize(request, tokenizer),
+        prompt_token_ids=tokenize(request, tokenizer, prompt_text),
         sampling=sampling_params(request.sampling),
         cache_namespace=request.cache_namespace,
         deadline=request.deadline,
-        grammar=grammar(request, grammars, tokenizer.chat_template),
-        tool_parser=partial(
-            ToolCallParser, [t.function.name for t in tools], tool_call_format(tokenizer.chat_template)
-        )
-        if tools
-        else None,
+        grammar=grammar(request, grammars, fmt, thinking, thinking_budget_chars),
+        tool_parser=partial(ToolCallParser, [t.function.name for t in tools], fmt) if tools else None,
+        reasoning_parser=partial(ReasoningParser, thinking) if thinking is not None else None,
     )

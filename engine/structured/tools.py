@@ -62,6 +62,8 @@ def _with_parsed_arguments(message: Mapping[str, Any]) -> dict[str, Any]:
     calls = message.get("tool_calls")
     if not calls:
         return dict(message)
+    # Templates write a call's turn as content plus calls, and most (Qwen3's) fail on no content.
+    message = {"content": ""} | dict(message)
     parsed = []
     for call in calls:
         function = dict(call["function"])

@@ -121,9 +121,12 @@ class OpenAIRelay(BaseRelay):
             prompt, completion = int(usage["prompt_tokens"]), int(usage.get("completion_tokens") or 0)
             details = usage.get("prompt_tokens_details") or {}
             cached = int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+            done = usage.get("completion_tokens_details") or {}
+            reasoning = int(done.get("reasoning_tokens") or 0) if isinstance(done, dict) else 0
         except (KeyError, TypeError, ValueError):
             return  # not usage we can read: counted as if there were none
         out.prompt_tokens, out.completion_tokens, out.cached_tokens = prompt, completion, min(cached, prompt)
+        out.reasoning_tokens = min(reasoning, completion)
         out.usage_exact = self._reported_usage = True
 
     def _error_event(self, event: dict[str, Any]) -> None:

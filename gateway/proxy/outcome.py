@@ -42,6 +42,8 @@ class RelayOutcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those a reasoning model spent thinking (billed as completion)."""
     usage_exact: bool = False
     ttft_s: float | None = None
     duration_s: float = 0.0

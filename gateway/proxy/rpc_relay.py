@@ -142,6 +142,7 @@ class Relay(BaseRelay):
         out.completion_tokens = frame.completion_tokens
         out.usage_exact = True
         if isinstance(frame, FinalFrame):
+            out.reasoning_tokens = frame.reasoning_tokens
             out.finish_reason = frame.finish_reason
         else:
             out.finish_reason = "error"

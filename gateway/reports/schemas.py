@@ -28,6 +28,7 @@ METRICS = (
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
+    "reasoning_tokens",
     "total_tokens",
     "cost",
 )

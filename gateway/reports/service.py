@@ -118,7 +118,7 @@ BY_END_USER = """(
            coalesce(r.end_user, '') AS end_user, count(*) AS requests,
            count(*) FILTER (WHERE r.status >= 400 OR r.finish_reason = 'error') AS errors,
            sum(r.prompt_tokens) AS prompt_tokens, sum(r.cached_tokens) AS cached_tokens,
-           sum(r.completion_tokens) AS completion_tokens
+           sum(r.completion_tokens) AS completion_tokens, sum(r.reasoning_tokens) AS reasoning_tokens
     FROM usage_records r
     WHERE r.started_at >= :start_at AND r.started_at < :end_at
     GROUP BY 1, 2, 3, 4, 5
@@ -135,6 +135,7 @@ def _metrics(row: Any) -> dict[str, Any]:
         "prompt_tokens": prompt,
         "cached_tokens": int(row.cached_tokens or 0),
         "completion_tokens": completion,
+        "reasoning_tokens": int(row.reasoning_tokens or 0),
         "total_tokens": prompt + completion,
         "cost": from_micro(row.cost_micro),
     }
@@ -170,7 +171,8 @@ async def usage_report(
         SELECT {select_groups}
                sum(d.requests) AS requests, sum(d.errors) AS errors,
                sum(d.prompt_tokens) AS prompt_tokens, sum(d.cached_tokens) AS cached_tokens,
-               sum(d.completion_tokens) AS completion_tokens, sum({COST_MICRO_SQL}) AS cost_micro
+               sum(d.completion_tokens) AS completion_tokens, sum(d.reasoning_tokens) AS reasoning_tokens,
+               sum({COST_MICRO_SQL}) AS cost_micro
         FROM {source} d {PRICE_LATERAL}
         WHERE {where}
         {group_clause}
@@ -188,7 +190,7 @@ async def usage_report(
         out.update(_metrics(row))
         rows.append(out)
     totals: dict[str, Any] = {k: 0 for k in ("requests", "errors", "prompt_tokens", "cached_tokens")}
-    totals.update({"completion_tokens": 0, "total_tokens": 0, "cost": Decimal(0)})
+    totals.update({"completion_tokens": 0, "reasoning_tokens": 0, "total_tokens": 0, "cost": Decimal(0)})
     for summed in rows:
         for k in totals:
             totals[k] += summed[k]

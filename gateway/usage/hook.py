@@ -33,6 +33,7 @@ def record_from_outcome(outcome: RelayOutcome) -> UsageRecord | None:
         prompt_tokens=outcome.prompt_tokens,
         cached_tokens=outcome.cached_tokens,
         completion_tokens=outcome.completion_tokens,
+        reasoning_tokens=outcome.reasoning_tokens,
         status=outcome.status,
         finish_reason=outcome.finish_reason,
         ttft_ms=None if outcome.ttft_s is None else outcome.ttft_s * 1000,

@@ -18,6 +18,7 @@ from sqlalchemy import (
     Text,
     false,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.orm import Mapped, mapped_column
@@ -51,6 +52,8 @@ class UsageRow(Base):
     prompt_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
     cached_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
     completion_tokens: Mapped[int] = mapped_column(Integer, nullable=False)
+    reasoning_tokens: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    """Of ``completion_tokens``, those a reasoning model spent thinking (billed as completion tokens)."""
     status: Mapped[int] = mapped_column(SmallInteger, nullable=False)
     finish_reason: Mapped[str | None] = mapped_column(Text)
     ttft_ms: Mapped[float | None] = mapped_column(Double)
@@ -84,3 +87,4 @@ class UsageDaily(Base):
     prompt_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
     cached_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
     completion_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False, server_default=text("0"))

@@ -33,6 +33,8 @@ class UsageRecord:
     written before the field existed still read)."""
     end_user: str | None = None
     """The request's OpenAI ``user`` field (with a default, like ``usage_estimated``)."""
+    reasoning_tokens: int = 0
+    """Of ``completion_tokens``, those spent thinking (with a default, like ``usage_estimated``)."""
 
     @property
     def total_tokens(self) -> int:

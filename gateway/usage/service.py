@@ -37,13 +37,14 @@ WITH incoming AS (
     SELECT {", ".join(_NAMES)} FROM incoming
     ON CONFLICT DO NOTHING
     RETURNING started_at, tenant_id, key_id, model, status, finish_reason,
-              prompt_tokens, cached_tokens, completion_tokens
+              prompt_tokens, cached_tokens, completion_tokens, reasoning_tokens
 ), rolled AS (
     INSERT INTO usage_daily AS d
-        (day, tenant_id, key_id, model, requests, errors, prompt_tokens, cached_tokens, completion_tokens)
+        (day, tenant_id, key_id, model, requests, errors, prompt_tokens, cached_tokens, completion_tokens,
+         reasoning_tokens)
     SELECT (started_at AT TIME ZONE 'UTC')::date, tenant_id, key_id, model, count(*),
            count(*) FILTER (WHERE status >= 400 OR finish_reason = 'error'),
-           sum(prompt_tokens), sum(cached_tokens), sum(completion_tokens)
+           sum(prompt_tokens), sum(cached_tokens), sum(completion_tokens), sum(reasoning_tokens)
     FROM inserted
     GROUP BY 1, 2, 3, 4
     ORDER BY 1, 2, 3, 4
@@ -52,7 +53,8 @@ WITH incoming AS (
         errors = d.errors + excluded.errors,
         prompt_tokens = d.prompt_tokens + excluded.prompt_tokens,
         cached_tokens = d.cached_tokens + excluded.cached_tokens,
-        completion_tokens = d.completion_tokens + excluded.completion_tokens
+        completion_tokens = d.completion_tokens + excluded.completion_tokens,
+        reasoning_tokens = d.reasoning_tokens + excluded.reasoning_tokens
     RETURNING 1
 )
 SELECT count(*) FROM inserted

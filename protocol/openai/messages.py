@@ -28,6 +28,8 @@ class ChatMessageIn(BaseModel):
     tool_call_id: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     refusal: str | None = None
+    reasoning_content: str | None = None
+    """An earlier answer's thinking, sent back (templates such as Qwen3's decide what to keep of it)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -66,7 +68,13 @@ class ChatMessageIn(BaseModel):
             content = "\n".join(part.text for part in content)
         message: dict[str, Any] = {"role": self.role, "content": content}
         message |= {
-            k: v for k, v in (("name", self.name), ("tool_call_id", self.tool_call_id)) if v is not None
+            k: v
+            for k, v in (
+                ("name", self.name),
+                ("tool_call_id", self.tool_call_id),
+                ("reasoning_content", self.reasoning_content),
+            )
+            if v is not None
         }
         if self.tool_calls:
             message["tool_calls"] = [call.model_dump() for call in self.tool_calls]

@@ -14,7 +14,7 @@ constrained decoding in the engine (docs/structured-output.md).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -203,6 +203,16 @@ class ChatCompletionRequest(_Request):
         default=None, description="A named function must be one of `tools` (else a 400, as on OpenAI)"
     )
     parallel_tool_calls: bool | None = None
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = Field(
+        default=None,
+        description="Reasoning models: `none` or `minimal` turns thinking off where the chat template "
+        "can (Qwen3, SmolLM3); the other values reach the template as its `reasoning_effort`",
+    )
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra variables for the model's chat template, as vLLM and SGLang take them "
+        '(`{"enable_thinking": false}`)',
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -216,7 +226,6 @@ class ChatCompletionRequest(_Request):
                 "modalities": (["text"],),
                 "audio": (),
                 "prediction": (),
-                "reasoning_effort": (),
                 "web_search_options": (),
             },
         )
@@ -251,6 +260,16 @@ class ChatCompletionRequest(_Request):
             return fmt.json_schema.schema_
         return ANY_JSON_OBJECT
 
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The chat template's extra variables: ``chat_template_kwargs``, and ``reasoning_effort``'s
+        switch where the client set no ``enable_thinking`` of its own."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        kwargs = {"reasoning_effort": self.reasoning_effort} | (self.chat_template_kwargs or {})
+        if self.reasoning_effort in ("none", "minimal"):
+            kwargs.setdefault("enable_thinking", False)
+        return kwargs
+
     def to_generate_request(
         self, *, request_id: str, cache_namespace: str | None = None, deadline: float | None = None
     ) -> GenerateRequest:
@@ -268,6 +287,8 @@ class ChatCompletionRequest(_Request):
         # Only when asked for, so the usual request validates no more than before.
         if (schema := self.json_schema()) is not None:
             fields["json_schema"] = schema
+        if (template_kwargs := self.template_kwargs()) is not None:
+            fields["chat_template_kwargs"] = template_kwargs
         if self.tools:
             fields["tools"] = [t.model_dump(exclude_none=True) for t in self.tools]
             if self.tool_choice is not None:

@@ -19,13 +19,22 @@ def sse_event(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+def usage_dict(
+    prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0, reasoning_tokens: int = 0
+) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning_tokens},
     }
+
+
+def final_usage(final: FinalFrame) -> dict[str, Any]:
+    return usage_dict(
+        final.prompt_tokens, final.completion_tokens, final.cached_tokens, final.reasoning_tokens
+    )
 
 
 def error_frame_body(frame: ErrorFrame) -> dict[str, Any]:
@@ -45,6 +54,17 @@ def _tool_call(call: ToolCall, index: int | None = None) -> dict[str, Any]:
     """OpenAI's shape; a streamed call also carries its position among the choice's calls."""
     body = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
     return body if index is None else {"index": index} | body
+
+
+def _tool_call_deltas(call: ToolCall, index: int) -> list[dict[str, Any]]:
+    """A streamed call as OpenAI streams one: its id and name first, then its arguments as a delta
+    (clients concatenate ``arguments`` across chunks)."""
+    head = {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+    return [{"index": index} | head, {"index": index, "function": {"arguments": call.arguments}}]
+
+
+def _delta_choice(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
 
 
 class _Formatter:
@@ -133,17 +153,13 @@ class StreamFormatter(_Formatter):
 
     def _delta(self, frame: DeltaFrame) -> bytes:
         out = b""
+        if frame.reasoning and self.is_chat:
+            out += self._chunk([_delta_choice(frame.index, {"reasoning_content": frame.reasoning})])
         if frame.tool_calls and self.is_chat:
-            calls = [_tool_call(call, k) for k, call in enumerate(frame.tool_calls)]
-            out += self._chunk(
-                [
-                    {
-                        "index": frame.index,
-                        "delta": {"tool_calls": calls},
-                        "logprobs": None,
-                        "finish_reason": None,
-                    }
-                ]
+            out += b"".join(
+                self._chunk([_delta_choice(frame.index, {"tool_calls": [part]})])
+                for k, call in enumerate(frame.tool_calls)
+                for part in _tool_call_deltas(call, k)
             )
         if frame.text or frame.logprobs:
             if self.is_chat:
@@ -169,8 +185,7 @@ class StreamFormatter(_Formatter):
             if i not in self.finish_reasons
         )
         if self.include_usage:
-            usage = usage_dict(final.prompt_tokens, final.completion_tokens, final.cached_tokens)
-            out += self._chunk([], usage=usage)
+            out += self._chunk([], usage=final_usage(final))
         return out + SSE_DONE
 
 
@@ -182,9 +197,12 @@ class ResponseAccumulator(_Formatter):
         self._text: dict[int, list[str]] = {i: [] for i in range(self.n)}
         self._logprobs: dict[int, list[TokenLogprob]] = {}
         self._tool_calls: dict[int, list[ToolCall]] = {}
+        self._reasoning: dict[int, list[str]] = {}
 
     def add(self, frame: DeltaFrame) -> None:
         self._text.setdefault(frame.index, []).append(frame.text)
+        if frame.reasoning:
+            self._reasoning.setdefault(frame.index, []).append(frame.reasoning)
         if frame.tool_calls:
             self._tool_calls.setdefault(frame.index, []).extend(frame.tool_calls)
         if frame.logprobs:
@@ -201,6 +219,8 @@ class ResponseAccumulator(_Formatter):
             if self.is_chat:
                 logprobs = {"content": [_chat_logprob(lp) for lp in lps]} if lps else None
                 message: dict[str, Any] = {"role": "assistant", "content": text}
+                if index in self._reasoning:
+                    message["reasoning_content"] = "".join(self._reasoning[index])
                 if calls := self._tool_calls.get(index):
                     message["content"] = text or None
                     message["tool_calls"] = [_tool_call(call) for call in calls]
@@ -215,5 +235,5 @@ class ResponseAccumulator(_Formatter):
             "created": self.created,
             "model": self.model,
             "choices": choices,
-            "usage": usage_dict(final.prompt_tokens, final.completion_tokens, final.cached_tokens),
+            "usage": final_usage(final),
         }

@@ -1,6 +1,8 @@
 """RPC frames to the Responses API's shapes: one ``response`` object, or its stream of events.
 
-A stream goes as OpenAI documents it: ``response.created``, ``response.in_progress``; for text
+A stream goes as OpenAI documents it: ``response.created``, ``response.in_progress``; for a reasoning
+model's thinking ``response.output_item.added`` (a ``reasoning`` item), ``response.reasoning_text.delta``...,
+``response.reasoning_text.done``, ``response.output_item.done``; for text
 ``response.output_item.added`` (a message), ``response.content_part.added``,
 ``response.output_text.delta``..., ``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done``; for each function call ``response.output_item.added``,
@@ -26,7 +28,7 @@ def usage_of(final: FinalFrame | ErrorFrame) -> dict[str, Any]:
         "input_tokens": final.prompt_tokens,
         "input_tokens_details": {"cached_tokens": final.cached_tokens},
         "output_tokens": final.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": getattr(final, "reasoning_tokens", 0)},
         "total_tokens": final.prompt_tokens + final.completion_tokens,
     }
 
@@ -38,6 +40,8 @@ class ResponseBuilder:
         self.request = request
         self.id = f"resp_{request_id}"
         self.message_id = f"msg_{request_id}"
+        self.reasoning_id = f"rs_{request_id}"
+        self.reasoning: list[str] = []
         self.created = int(time.time()) if created is None else created
         self.text: list[str] = []
         self.calls: list[ToolCall] = []
@@ -52,6 +56,21 @@ class ResponseBuilder:
             "content": content if done else [],
         }
 
+    def reasoning_item(self, *, done: bool) -> dict[str, Any]:
+        text = "".join(self.reasoning)
+        return {
+            "type": "reasoning",
+            "id": self.reasoning_id,
+            "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if done else [],
+            "status": "completed" if done else "in_progress",
+        }
+
+    @property
+    def message_index(self) -> int:
+        """The message's place among the output items: after the reasoning, if any."""
+        return 1 if self.reasoning else 0
+
     def call_item(self, call: ToolCall, *, done: bool) -> dict[str, Any]:
         return {
             "type": "function_call",
@@ -63,7 +82,8 @@ class ResponseBuilder:
         }
 
     def output(self) -> list[dict[str, Any]]:
-        items = [self.message_item(done=True)] if self.text and "".join(self.text) else []
+        items = [self.reasoning_item(done=True)] if self.reasoning else []
+        items += [self.message_item(done=True)] if self.text and "".join(self.text) else []
         return items + [self.call_item(call, done=True) for call in self.calls]
 
     def body(self, *, status: str, final: FinalFrame | ErrorFrame | None = None) -> dict[str, Any]:
@@ -86,7 +106,7 @@ class ResponseBuilder:
             "output": self.output() if final is not None else [],
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": request.reasoning.effort if request.reasoning else None, "summary": None},
             "store": False,
             "temperature": request.temperature,
             "text": {"format": fmt},
@@ -104,6 +124,8 @@ class ResponseBuilder:
         return body
 
     def add(self, frame: DeltaFrame) -> None:
+        if frame.reasoning:
+            self.reasoning.append(frame.reasoning)
         if frame.text:
             self.text.append(frame.text)
         self.calls.extend(frame.tool_calls or [])
@@ -131,6 +153,7 @@ class ResponsesStream:
         self.builder = ResponseBuilder(request, request_id=request_id, created=created)
         self.sequence = 0
         self.message_open = False
+        self.reasoning_open = False
 
     def _event(self, kind: str, **payload: Any) -> bytes:
         data = {"type": kind, "sequence_number": self.sequence} | payload
@@ -146,7 +169,7 @@ class ResponsesStream:
     def frame(self, frame: DeltaFrame | FinalFrame | ErrorFrame) -> bytes:
         if isinstance(frame, DeltaFrame):
             return self._delta(frame)
-        out = self._close_message()
+        out = self._close_reasoning() + self._close_message()
         if isinstance(frame, FinalFrame):
             status = _status(frame)
             return out + self._event(f"response.{status}", response=self.builder.response(frame))
@@ -154,18 +177,20 @@ class ResponsesStream:
         return out + self._event("response.failed", response=failed)
 
     def _delta(self, frame: DeltaFrame) -> bytes:
-        out = b""
+        out = self._reasoning(frame.reasoning) if frame.reasoning else b""
         builder = self.builder
         if frame.text:
+            out += self._close_reasoning()
+            index = builder.message_index
             if not self.message_open:
                 self.message_open = True
                 out += self._event(
-                    "response.output_item.added", output_index=0, item=builder.message_item(done=False)
+                    "response.output_item.added", output_index=index, item=builder.message_item(done=False)
                 )
                 out += self._event(
                     "response.content_part.added",
                     item_id=builder.message_id,
-                    output_index=0,
+                    output_index=index,
                     content_index=0,
                     part={"type": "output_text", "text": "", "annotations": [], "logprobs": []},
                 )
@@ -173,16 +198,48 @@ class ResponsesStream:
             out += self._event(
                 "response.output_text.delta",
                 item_id=builder.message_id,
-                output_index=0,
+                output_index=index,
                 content_index=0,
                 delta=frame.text,
                 logprobs=[],
             )
         if frame.tool_calls:
-            out += self._close_message()
+            out += self._close_reasoning() + self._close_message()
             for call in frame.tool_calls:
                 out += self._call(call)
         return out
+
+    def _reasoning(self, text: str) -> bytes:
+        builder = self.builder
+        out = b""
+        if not self.reasoning_open:
+            self.reasoning_open = True
+            builder.reasoning.append("")  # the item exists from here on: the message goes after it
+            out += self._event(
+                "response.output_item.added", output_index=0, item=builder.reasoning_item(done=False)
+            )
+        builder.reasoning.append(text)
+        return out + self._event(
+            "response.reasoning_text.delta",
+            item_id=builder.reasoning_id,
+            output_index=0,
+            content_index=0,
+            delta=text,
+        )
+
+    def _close_reasoning(self) -> bytes:
+        if not self.reasoning_open:
+            return b""
+        self.reasoning_open = False
+        builder = self.builder
+        item = builder.reasoning_item(done=True)
+        return self._event(
+            "response.reasoning_text.done",
+            item_id=builder.reasoning_id,
+            output_index=0,
+            content_index=0,
+            text=item["content"][0]["text"],
+        ) + self._event("response.output_item.done", output_index=0, item=item)
 
     def _close_message(self) -> bytes:
         if not self.message_open:
@@ -190,16 +247,17 @@ class ResponsesStream:
         self.message_open = False
         builder = self.builder
         item = builder.message_item(done=True)
-        ids = {"item_id": builder.message_id, "output_index": 0, "content_index": 0}
+        index = builder.message_index
+        ids = {"item_id": builder.message_id, "output_index": index, "content_index": 0}
         return (
             self._event("response.output_text.done", **ids, text=item["content"][0]["text"], logprobs=[])
             + self._event("response.content_part.done", **ids, part=item["content"][0])
-            + self._event("response.output_item.done", output_index=0, item=item)
+            + self._event("response.output_item.done", output_index=index, item=item)
         )
 
     def _call(self, call: ToolCall) -> bytes:
         builder = self.builder
-        index = (1 if builder.text else 0) + len(builder.calls)
+        index = (1 if builder.reasoning else 0) + (1 if builder.text else 0) + len(builder.calls)
         builder.calls.append(call)
         item_id = f"fc_{call.id}"
         return (
@@ -238,6 +296,8 @@ class ChatChunkFrames:
         out: list[DeltaFrame] = []
         for choice in chunk.get("choices") or ():
             delta = (choice.get("delta") if isinstance(choice, dict) else None) or {}
+            if isinstance(delta.get("reasoning_content"), str) and delta["reasoning_content"]:
+                out.append(DeltaFrame(reasoning=delta["reasoning_content"]))
             if isinstance(delta.get("content"), str) and delta["content"]:
                 out.append(DeltaFrame(text=delta["content"]))
             for piece in delta.get("tool_calls") or ():
@@ -268,4 +328,8 @@ class ChatChunkFrames:
             ToolCall(id=c["id"], name=c["function"]["name"], arguments=c["function"]["arguments"])
             for c in message.get("tool_calls") or ()
         ]
-        return DeltaFrame(text=message.get("content") or "", tool_calls=calls or None)
+        return DeltaFrame(
+            text=message.get("content") or "",
+            reasoning=message.get("reasoning_content") or None,
+            tool_calls=calls or None,
+        )

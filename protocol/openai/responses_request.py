@@ -9,7 +9,7 @@ answer's shape differs (``protocol/openai/responses_events.py``).
 
 Nothing is stored: ``store: true`` and ``previous_response_id`` are a 400 (a conversation goes
 back whole in ``input``, as with ``store: false`` on OpenAI). Fields that would change the output
-and that Tern cannot honour (``reasoning``, built-in tools, images...) are a 400 naming them.
+and that Tern cannot honour (built-in tools, images...) are a 400 naming them.
 """
 
 from __future__ import annotations
@@ -152,11 +152,23 @@ class TextConfig(BaseModel):
     verbosity: Literal["medium"] | None = None
 
 
+class ReasoningConfig(BaseModel):
+    """``reasoning``: ``effort`` ``none``/``minimal`` turns a reasoning model's thinking off (as the
+    chat API's ``reasoning_effort``); the thinking itself comes back as a ``reasoning`` item."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = Field(
+        default=None, description="Accepted; the item carries the whole reasoning text, not a summary"
+    )
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 _NEUTRAL: dict[str, tuple[Any, ...]] = {
     "store": (False,),
     "previous_response_id": (),
     "conversation": (),
-    "reasoning": ({},),
     "include": ([],),
     "background": (False,),
     "truncation": ("disabled",),
@@ -181,6 +193,7 @@ class ResponsesRequest(BaseModel):
     tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
     stream: bool = False
     store: Literal[False] | None = Field(default=None, description="Nothing is stored: true is a 400")
     previous_response_id: None = Field(default=None, description="Nothing is stored to refer to: a 400")
@@ -199,7 +212,9 @@ class ResponsesRequest(BaseModel):
                 )
             data = {k: v for k, v in data.items() if k not in ("stream_options", "prompt_cache_key")}
             if isinstance(data.get("input"), list):
-                data["input"] = [_input_item(item) for item in data["input"]]
+                # An earlier answer's reasoning items, sent back: the model does not see its past thinking.
+                kept = [i for i in data["input"] if not _is_reasoning(i)]
+                data["input"] = [_input_item(item) for item in kept]
         return _refuse_unsupported(data, _NEUTRAL)
 
     def messages(self) -> list[dict[str, Any]]:
@@ -246,6 +261,7 @@ class ResponsesRequest(BaseModel):
             "stream": self.stream,
             "response_format": self.response_format(),
             "parallel_tool_calls": self.parallel_tool_calls,
+            "reasoning_effort": self.reasoning.effort if self.reasoning else None,
         }
         if self.stream:
             fields["stream_options"] = {"include_usage": True}
@@ -263,6 +279,10 @@ class ResponsesRequest(BaseModel):
         except ValidationError as exc:
             message, param = describe_validation_errors(exc.errors())
             raise OpenAIRequestError(400, message, param=_responses_param(param)) from None
+
+
+def _is_reasoning(item: Any) -> bool:
+    return isinstance(item, dict) and item.get("type") == "reasoning"
 
 
 def _input_item(item: Any) -> Any:

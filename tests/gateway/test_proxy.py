@@ -82,6 +82,7 @@ async def test_chat_completion_non_streaming(
         "completion_tokens": 2,
         "total_tokens": 4,
         "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
     }
     [outcome] = outcomes
     assert (outcome.request_id, outcome.status, outcome.finish_reason) == (request_id, 200, "length")

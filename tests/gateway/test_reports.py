@@ -62,7 +62,7 @@ async def seed(app: FastAPI, owners: list[tuple[str, str]], n: int = 120) -> lis
     records = []
     for i in range(n):
         tenant_id, key_id = owners[i % len(owners)]
-        prompt = rng.randint(1, 5000)
+        prompt, completion = rng.randint(1, 5000), rng.randint(0, 2000)
         started = datetime.now(UTC) - timedelta(days=rng.randint(0, 3), minutes=rng.randint(0, 600))
         records.append(
             UsageRecord(
@@ -73,7 +73,8 @@ async def seed(app: FastAPI, owners: list[tuple[str, str]], n: int = 120) -> lis
                 endpoint="chat.completions",
                 prompt_tokens=prompt,
                 cached_tokens=rng.randint(0, prompt),
-                completion_tokens=rng.randint(0, 2000),
+                completion_tokens=completion,
+                reasoning_tokens=rng.choice([0, rng.randint(0, completion)]),
                 status=rng.choice([200, 200, 200, 502]),
                 finish_reason="stop",
                 ttft_ms=5.0,
@@ -119,6 +120,7 @@ def expected_totals(records: list[UsageRecord]) -> dict[str, object]:
         "prompt_tokens": sum(r.prompt_tokens for r in records),
         "cached_tokens": sum(r.cached_tokens for r in records),
         "completion_tokens": sum(r.completion_tokens for r in records),
+        "reasoning_tokens": sum(r.reasoning_tokens for r in records),
         "total_tokens": sum(r.total_tokens for r in records),
         "cost": sum((cost_of(r) for r in records), Decimal(0)),
     }
@@ -167,11 +169,12 @@ async def test_filters_and_csv(client: httpx.AsyncClient, admin_headers: dict[st
     rows = list(csv.DictReader(io.StringIO(response.text)))
     assert list(rows[0]) == [
         "day", "key_id", "requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens",
-        "total_tokens", "cost",
+        "reasoning_tokens", "total_tokens", "cost",
     ]  # fmt: skip
     mine = [r for r in world["records"] if r.tenant_id == tenant_a and r.model == "m-a"]
     assert {row["key_id"] for row in rows} == {key_a_id}
     assert sum(int(row["completion_tokens"]) for row in rows) == sum(r.completion_tokens for r in mine)
+    assert sum(int(row["reasoning_tokens"]) for row in rows) == sum(r.reasoning_tokens for r in mine)
     assert sum(Decimal(row["cost"]) for row in rows) == sum((cost_of(r) for r in mine), Decimal(0))
 
     bad = await client.get("/admin/reports/usage", params={"group_by": "week"}, headers=admin_headers)

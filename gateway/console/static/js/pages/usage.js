@@ -10,6 +10,7 @@ const METRICS = [
   ["prompt_tokens", "Prompt tokens"],
   ["cached_tokens", "Cached prompt tokens"],
   ["completion_tokens", "Completion tokens"],
+  ["reasoning_tokens", "Reasoning tokens (of completion)"],
   ["total_tokens", "Total tokens"],
   ["cost", "Cost"],
 ];
