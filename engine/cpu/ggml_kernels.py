@@ -92,6 +92,32 @@ def tiled_isa() -> str | None:
     return TILED_ISAS[int(_lib().tern_kquant_tiles())] if kernels.available() else None
 
 
+CONVERTED_TO_Q8_0: frozenset[tuple[str | None, GGMLType]] = frozenset()
+"""(:func:`tiled_isa`, GGML type) pairs whose blocks are dequantized at load and served as Q8_0 (the
+float path's ``Q8CpuLinear``) because that measured faster than their own kernel on such a CPU. None
+today: on AVX2 each K-quant's tiles take fewer instructions a multiply-add than its row-by-row kernel and
+than Q8_0's, or as many (Q5_K at 64 rows: +2%) for two thirds of Q8_0's bytes (docs/engine.md, "GGUF
+types": callgrind, bench/engine/kquant_callgrind/run.sh); AVX-512 VNNI measured in tokens a second."""
+
+
+def serving_path(ggml_type: GGMLType) -> str:
+    """How the C kernels' path serves a GGML type on this CPU: ``tiled`` (own blocks, tile by tile),
+    ``rows`` (own blocks, row by row), ``q8_0`` (converted at load), or ``dequantized`` (no kernel)."""
+    isa = tiled_isa()
+    if ggml_type not in KERNEL_TYPES or not kernels.available():
+        return "dequantized"
+    if (isa, ggml_type) in CONVERTED_TO_Q8_0:
+        return "q8_0"
+    return "tiled" if ggml_type in TILED_FORMATS and isa is not None else "rows"
+
+
+def serving_paths() -> dict[str, str]:
+    """Every type with a kernel -> its path on this CPU, and the ISA of the tiles (the engine's startup
+    log and /health)."""
+    paths = {ggml_type.name: serving_path(ggml_type) for ggml_type in KERNEL_TYPES}
+    return {"tiles_isa": tiled_isa() or "none", **paths}
+
+
 def row_bytes(ggml_type: GGMLType, in_features: int) -> int:
     block_elements, block_bytes = gguf.GGML_QUANT_SIZES[ggml_type]
     return in_features // block_elements * block_bytes
