@@ -4,6 +4,7 @@
 # time: what a loaded machine does not change): the tiles (kquant_tiled_avx2.c, q6_k_tiled_avx2.c) against
 # the row-by-row kernels (kquant_kernels.c) and Q8_0's (what a conversion would run). From the project root:
 #   bash bench/engine/kquant_callgrind/run.sh [K N]     (needs cc and valgrind; docs/engine.md, "GGUF types")
+# ROWS="1 16 64" and KERNELS="q4_k q4_k_tiled ..." (the environment) pick what runs.
 set -eu
 HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../../engine/cpu"; OUT="$(mktemp -d)"
 K="${1:-2048}"; N="${2:-2048}"
@@ -19,8 +20,8 @@ count() {
   OMP_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null --toggle-collect="$(entry "$1")" \
     "$OUT/probe" "$@" 2>&1 | awk '/Collected/{print $4}'
 }
-for rows in 1 16 64; do
-  for kernel in q4_k q4_k_tiled q5_k q5_k_tiled q6_k q6_k_tiled q8_0; do
+for rows in ${ROWS:-1 16 64}; do
+  for kernel in ${KERNELS:-q4_k q4_k_tiled q5_k q5_k_tiled q6_k q6_k_tiled q8_0}; do
     n=$(count $kernel $rows "$K" "$N")
     echo "{\"kernel\": \"$kernel\", \"rows\": $rows, \"K\": $K, \"N\": $N, \"instructions\": $n, \"per_mac\": $(python3 -c "print(round($n / ($rows * $K * $N), 4))")}"
   done
