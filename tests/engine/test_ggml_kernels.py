@@ -149,9 +149,10 @@ def _has_avx512() -> bool:
 @pytest.mark.skipif(os.environ.get(kernels.AVX512_ENV) == "0", reason="this run is the AVX2 build")
 @pytest.mark.skipif(not _has_avx512(), reason="the CPU has no AVX-512: the AVX2 kernels are the ones tested")
 def test_the_kquant_tests_pass_with_the_avx2_kernels(tmp_path: Path) -> None:
-    """The kernel tests above and the tiles' (test_kquant_tiles.py: the AVX2 tiles against the reference,
-    and bit for bit against this process's AVX-512 tiles) again in a process whose kernels are built
-    without AVX-512, and that build has no AVX-512 instruction: no zmm register anywhere in it."""
+    """The kernel tests above, the mixed GGUF's (the C decode layers on the tiles) and the tiles'
+    (test_kquant_tiles.py: the AVX2 tiles against the reference, and bit for bit against this process's
+    AVX-512 tiles) again in a process whose kernels are built without AVX-512, and that build has no
+    AVX-512 instruction: no zmm register anywhere in it."""
     from tests.engine import test_kquant_tiles as tiles  # it imports this module's batch checker
 
     expected = tmp_path / "tiles.pt"
@@ -159,7 +160,7 @@ def test_the_kquant_tests_pass_with_the_avx2_kernels(tmp_path: Path) -> None:
     env = {**os.environ, kernels.AVX512_ENV: "0", "TERN_KERNEL_CACHE": str(tmp_path)}
     env[tiles.EXPECTED_ENV] = str(expected)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, tiles.__file__]
-    command += ["-k", "kquant or q5_0 or tile"]
+    command += ["-k", "kquant or q5_0 or tile or mixed_gguf"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout, result.stdout[-500:]
