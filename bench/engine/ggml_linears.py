@@ -11,8 +11,8 @@ disturbed one), per call: ``{kernel}_us`` wall µs, ``{kernel}_cpu_us`` CPU µs 
 ``--threads 1``), ``{kernel}_gb_s`` weight bytes over the CPU time (GB a CPU-second: one thread's
 effective bandwidth at one row, where the weight, read again and again, may sit in the cache), for
 ``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and ``GgmlLinear`` on ``q4_k``,
-``q5_k``, ``q6_k``, ``q8_0``, ``q5_0`` blocks (the K-quants tile by tile where the CPU has AVX-512
-VNNI, as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
+``q5_k``, ``q6_k``, ``q8_0``, ``q5_0`` blocks (the K-quants tile by tile where the CPU has AVX2,
+as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
 what other CPUs run).
 
 ``layers``: ``--layers`` decoder layers, every linear its own weight (so a step reads them from memory, as
@@ -33,7 +33,6 @@ from torch import nn
 from bench.engine.cpu_linears import best_time
 from bench.engine.kernel_cli import kernel_bench_parser, kernels_ready, report
 from engine.cpu import ggml_kernels
-from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import GGMLType
 from engine.layers.ggml_linear import GgmlLinear
 from engine.layers.packed_linear import Q4CpuLinear
@@ -160,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     with torch.inference_mode():
         shapes = [] if args.no_shapes else per_shape(args.rows, args.repeats, model, chosen)
         layers = per_layer(args.rows, args.layers, args.repeats, model, chosen) if args.layers else []
-    fields = {"shapes": args.shapes, "tiled": cpu_kernels.q4_1_tiled(), "results": shapes, "layers": layers}
+    fields = {"shapes": args.shapes, "tiled": ggml_kernels.tiled_isa(), "results": shapes, "layers": layers}
     print(json.dumps(report("ggml_linears", **fields)))
     return 0
 

@@ -61,8 +61,11 @@ class LLMEngine:
         model_config: ModelConfig,
         model_name: str,
         steps_in_c: bool = False,
+        kernel_paths: dict[str, str] | None = None,
     ) -> None:
         self.config = config
+        self.kernel_paths = kernel_paths or {}
+        """Each GGML type's C kernel path on this CPU (LoadedModel.kernel_paths), reported by /health."""
         self.device = config.resolved_device()
         self.dtype = activation_dtype(model)
         self.steps_in_c = steps_in_c
@@ -129,6 +132,7 @@ class LLMEngine:
             model_config=loaded.config,
             model_name=loaded.name,
             steps_in_c=loaded.steps_in_c,
+            kernel_paths=loaded.kernel_paths,
         )
 
     def _make_block_manager(self, allocator: BlockAllocator) -> BlockManager:

@@ -27,8 +27,11 @@ SOURCES = tuple(
         "quant_kernels.c",
         "q4_1_tiled_kernels.c",
         "kquant_kernels.c",
+        "q8k_rows.c",
         "kquant_tiled_kernels.c",
+        "kquant_tiled_avx2.c",
         "q6_k_tiled_kernels.c",
+        "q6_k_tiled_avx2.c",
         "attention_kernels.c",
         "layer_kernels.c",
         "ternary_kernels.c",
@@ -44,8 +47,11 @@ VNNI_ENV = "TERN_CPU_VNNI"
 (weights tile by tile, ``tiled_q4_1`` in q4_1_tiled_kernels.c) is otherwise the one built: to compare the
 two on one machine (docs/engine.md, "The VNNI q4_1 kernel")."""
 AVX512_ENV = "TERN_CPU_AVX512"
-"""Set to 0 to build the AVX2 kernels where the CPU has AVX-512 (``TERN_NO_AVX512`` in kernels.h): the
-tests run both on a machine that has it."""
+"""Set to 0 to build the kernels with no AVX-512 at all where the CPU has it: ``-mno-avx512f`` turns off
+every AVX-512 extension (the compiler emits no zmm register, nor an EVEX-only instruction) while the
+rest of ``-march=native`` stays (AVX2, FMA, F16C, and AVX-VNNI where the CPU has it), and
+``TERN_NO_AVX512`` (kernels.h) picks the AVX2 code: the AVX2 CPUs' kernels (AMD Zen 2/3, Intel client
+parts), which the tests run in a second process on a machine with AVX-512."""
 
 ONE_REGION_ENV = "TERN_CPU_ONE_REGION"
 """Set to 0 to build the decode stack of ternary layers with a parallel region a kernel call
@@ -55,7 +61,7 @@ ONE_REGION_ENV = "TERN_CPU_ONE_REGION"
 def _flags() -> tuple[str, ...]:
     flags = FLAGS + (("-DTERN_NO_Q4_VNNI",) if os.environ.get(VNNI_ENV) == "0" else ())
     flags += ("-DTERN_NO_ONE_REGION",) if os.environ.get(ONE_REGION_ENV) == "0" else ()
-    return flags + (("-DTERN_NO_AVX512",) if os.environ.get(AVX512_ENV) == "0" else ())
+    return flags + (("-mno-avx512f", "-DTERN_NO_AVX512") if os.environ.get(AVX512_ENV) == "0" else ())
 
 
 class KernelError(RuntimeError):

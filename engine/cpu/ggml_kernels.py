@@ -2,7 +2,7 @@
 (:data:`KERNEL_TYPES`), the ctypes calls (``kquant_kernels.c`` for Q4_K/Q5_K/Q6_K, ``quant_kernels.c``'s
 Q8_0 and Q5_0), and the plain reference each is tested against: gguf's dequantization, then a
 float64 matmul over the kernels' activations: int16 for the row-by-row kernels (:func:`matmul_ref`),
-llama.cpp's Q8_K for the AVX-512 VNNI tiles (:func:`matmul_ref_q8k`).
+llama.cpp's Q8_K for the tiles (:func:`matmul_ref_q8k`; AVX2 and AVX-512 VNNI alike).
 
 A weight is the file's rows of blocks, uint8 ``[N, bytes per row]``, except Q8_0 and Q5_0, which the
 kernels read as codes and float16 scales ``[N, K / 32]`` apart: Q8_0's int8 codes ``[N, K]``
@@ -50,8 +50,12 @@ Q4_K_TILED = KernelFormat("q4_k_tiled", 6, 256)
 Q6_K_TILED = KernelFormat("q6_k_tiled", 7, 256)
 Q5_K_TILED = KernelFormat("q5_k_tiled", 8, 256)
 TILED_FORMATS = {GGMLType.Q4_K: Q4_K_TILED, GGMLType.Q5_K: Q5_K_TILED, GGMLType.Q6_K: Q6_K_TILED}
-"""Q4_K, Q5_K and Q6_K rearranged tile by tile for their VNNI kernels (:func:`tile`), where the build has them
-(``kernels.q4_1_tiled()``) and the rows fill whole tiles of 16."""
+"""Q4_K, Q5_K and Q6_K rearranged tile by tile for their tiled kernels (:func:`tile`), where the build has
+them (:func:`tiled_isa`: AVX2 and up) and the rows fill whole tiles of 16."""
+TILED_ISAS = {0: None, 1: "avx2", 2: "avx-vnni", 3: "avx512-vnni"}
+"""``tern_kquant_tiles()`` -> the instruction set the K-quant tiles of this build use (q8k_rows.c): AVX2's
+vpmaddubsw + vpmaddwd (kquant_tiled_avx2.c, q6_k_tiled_avx2.c), the same with 256-bit VNNI's vpdpbusd, or
+AVX-512 VNNI (kquant_tiled_kernels.c, q6_k_tiled_kernels.c); None: the row-by-row kernels only."""
 _KQUANT_TYPE = {GGMLType.Q4_K: 0, GGMLType.Q5_K: 1, GGMLType.Q6_K: 2}
 """The type argument of tern_matmul_kquant."""
 
@@ -78,7 +82,40 @@ def _lib() -> ctypes.CDLL:
     lib.tern_dequantize_q6_k_tiled.restype = None
     lib.tern_quantize_rows_q8k.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows_q8k.restype = None
+    lib.tern_kquant_tiles.argtypes = []
     return lib
+
+
+@functools.cache
+def tiled_isa() -> str | None:
+    """Which K-quant tiles the loaded kernels run (:data:`TILED_ISAS`), None where none are built."""
+    return TILED_ISAS[int(_lib().tern_kquant_tiles())] if kernels.available() else None
+
+
+CONVERTED_TO_Q8_0: frozenset[tuple[str | None, GGMLType]] = frozenset()
+"""(:func:`tiled_isa`, GGML type) pairs whose blocks are dequantized at load and served as Q8_0 (the
+float path's ``Q8CpuLinear``) because that measured faster than their own kernel on such a CPU. None
+today: on AVX2 each K-quant's tiles take fewer instructions a multiply-add than its row-by-row kernel and
+than Q8_0's, or as many (Q5_K at 64 rows: +2%) for two thirds of Q8_0's bytes (docs/engine.md, "GGUF
+types": callgrind, bench/engine/kquant_callgrind/run.sh); AVX-512 VNNI measured in tokens a second."""
+
+
+def serving_path(ggml_type: GGMLType) -> str:
+    """How the C kernels' path serves a GGML type on this CPU: ``tiled`` (own blocks, tile by tile),
+    ``rows`` (own blocks, row by row), ``q8_0`` (converted at load), or ``dequantized`` (no kernel)."""
+    isa = tiled_isa()
+    if ggml_type not in KERNEL_TYPES or not kernels.available():
+        return "dequantized"
+    if (isa, ggml_type) in CONVERTED_TO_Q8_0:
+        return "q8_0"
+    return "tiled" if ggml_type in TILED_FORMATS and isa is not None else "rows"
+
+
+def serving_paths() -> dict[str, str]:
+    """Every type with a kernel -> its path on this CPU, and the ISA of the tiles (the engine's startup
+    log and /health)."""
+    paths = {ggml_type.name: serving_path(ggml_type) for ggml_type in KERNEL_TYPES}
+    return {"tiles_isa": tiled_isa() or "none", **paths}
 
 
 def row_bytes(ggml_type: GGMLType, in_features: int) -> int:
@@ -114,7 +151,7 @@ _SB_BYTES = {GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
 
 def tiles(ggml_type: GGMLType, out_features: int) -> bool:
     """Whether a weight of this type and rows runs tile by tile (:func:`tile`)."""
-    return ggml_type in TILED_FORMATS and out_features % TILE_N == 0 and kernels.q4_1_tiled()
+    return ggml_type in TILED_FORMATS and out_features % TILE_N == 0 and tiled_isa() is not None
 
 
 def tile(blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
@@ -244,7 +281,7 @@ Q8K_BLOCK = 256
 
 
 def quantize_rows_q8k(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The tiles' activation quantizer (AVX-512 VNNI builds): x [M, K] -> int8 codes [M, K], a scale a
+    """The tiles' activation quantizer (AVX2 and AVX-512 builds): x [M, K] -> int8 codes [M, K], a scale a
     block of 256 [M, K / 256] and each 16 codes' sum [M, K / 16]."""
     x = kernels._rows(x)
     m, k = x.shape

@@ -26,6 +26,25 @@
 #define TERN_Q4_TILED 1
 #endif
 
+/* The K-quant tiles (Q4_K, Q5_K, Q6_K tile by tile against int8 Q8_K rows): AVX-512 VNNI's where
+ * TERN_Q4_TILED (kquant_tiled_kernels.c, q6_k_tiled_kernels.c), else 8 columns a 256-bit vector
+ * wherever the CPU has AVX2 (TERN_KQ_TILED_256, kquant_tiled_avx2.c and q6_k_tiled_avx2.c), with
+ * vpdpbusd where it has 256-bit VNNI (TERN_VNNI_256: AVX-VNNI, Intel since Alder Lake), vpmaddubsw +
+ * vpmaddwd otherwise: the same integers, so the same bits in all three (docs/engine.md, "GGUF types"). */
+#if defined(TERN_Q4_TILED) || (defined(__AVX2__) && defined(__F16C__) && defined(__FMA__))
+#define TERN_KQ_TILED 1
+#endif
+#if defined(TERN_KQ_TILED) && !defined(TERN_Q4_TILED)
+#define TERN_KQ_TILED_256 1
+#endif
+#if defined(__AVXVNNI__)
+#define TERN_VNNI_256 1
+#define tern_dpbusd256 _mm256_dpbusd_avx_epi32 /* VEX-encoded: AVX-VNNI */
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TERN_VNNI_256 1
+#define tern_dpbusd256 _mm256_dpbusd_epi32 /* EVEX-encoded: AVX-512 VNNI's 256-bit form */
+#endif
+
 /* Weight scales (and Q4_1 mins) are float16, as GGUF stores them: the bits, as uint16_t. */
 int tern_matmul_q4_1(const float *x, int64_t M, int64_t K, const uint8_t *wq, const uint16_t *wd,
                      const uint16_t *wm, int64_t N, float *out);
@@ -44,7 +63,7 @@ typedef struct {
 void tern_quantize_rows(const float *x, int64_t M, int64_t K, int16_t *qs, float *d, float *s);
 int tern_kquant_rows(const float *x, int64_t M, int64_t K, TernRows *q);
 void tern_free_kquant_rows(TernRows *q);
-/* Rows of x for the K-quant tiles (kquant_tiled_kernels.c, AVX-512 VNNI builds only): llama.cpp's Q8_K,
+/* Rows of x for the K-quant tiles (q8k_rows.c, where TERN_KQ_TILED): llama.cpp's Q8_K,
  * int8 codes [M, K] with a scale a block of 256 (d [M, K/256]) and the exact sums of each 16 and each
  * 32 codes. */
 typedef struct {
@@ -55,8 +74,9 @@ typedef struct {
 } TernQ8KRows;
 int tern_q8k_rows(const float *x, int64_t M, int64_t K, TernQ8KRows *q);
 void tern_free_q8k_rows(TernQ8KRows *q);
-/* Q4_K (q5 0) and Q5_K (q5 1) tile by tile (kquant_tiled_kernels.c; kernels.tern_q4_1_tiled() builds
- * only): w from ggml_kernels.tile. */
+/* Q4_K (q5 0) and Q5_K (q5 1) tile by tile (kquant_tiled_kernels.c or kquant_tiled_avx2.c, where
+ * TERN_KQ_TILED; tern_kquant_tiles() says which): w from ggml_kernels.tile. */
+int tern_kquant_tiles(void);
 int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_tile_k(int q5, uint8_t *w, int64_t N, int64_t nsb);
 /* Q6_K tile by tile (q6_k_tiled_kernels.c), the same way. */

@@ -11,7 +11,7 @@
  * Q5_K (ggml_kernels.tile: 176 bytes a row and super-block) adds [2304, 2816): the fifth bits, sub-block
  * j, chunks 4g .. 4g + 3 (32 bytes at 2304 + 64 j + 32 g): byte 2c + e holds at bit 2 (k - 4g) that of
  * element 4k + e, at bit 2 (k - 4g) + 1 that of element 4k + 2 + e.
- * Activations are llama.cpp's Q8_K (tern_q8k_rows below: int8, one scale a row's 256 elements, the
+ * Activations are llama.cpp's Q8_K (tern_q8k_rows, q8k_rows.c: int8, one scale a row's 256 elements, the
  * super-block's), so vpdpbusd multiplies 64 codes (unsigned) by a row's 4 int8 activations (broadcast)
  * into the 16 columns' int32 lanes: a chunk's 32 bytes widened to one 16-bit pair a lane and unpacked in
  * two instructions to that column's elements 4k .. 4k + 3 in bytes; exact (a sub-block at most 32 * 31
@@ -33,51 +33,6 @@
 #define TILE_N 16
 #define Q4_TILE_BYTES 2304
 #define Q5_TILE_BYTES 2816
-
-/* Rows of x as the K-quant tiles take them (kernels.h, TernQ8KRows): llama.cpp's Q8_K, int8 codes with
- * one scale a block of 256 (a super-block's elements), absmax / 127:
- *   d = amax / 127,  q = clamp(round_half_even(x * (127 / amax)), -127, 127)  (0 where amax is 0)
- * with each 16 codes' exact sum. One multiply and one rounding an element, an exact max and integer
- * sums: the bytes of the plain reference (ggml_kernels.quantize_rows_q8k_ref). */
-static void q8k_row(const float *x, int64_t K, int8_t *qs, float *d, int16_t *sums, int16_t *sums32) {
-    for (int64_t b = 0; b < K / QK_K; b++) {
-        const float *xb = x + b * QK_K;
-        __m512 amax = _mm512_setzero_ps();
-        for (int e = 0; e < QK_K; e += 16) amax = _mm512_max_ps(amax, _mm512_abs_ps(_mm512_loadu_ps(xb + e)));
-        const float m = _mm512_reduce_max_ps(amax);
-        d[b] = m / 127.0f;
-        const __m512 inv = _mm512_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-        for (int e = 0; e < QK_K; e += 16) {
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + e), inv));
-            q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
-            _mm_storeu_si128((__m128i *)(qs + b * QK_K + e), _mm512_cvtepi32_epi8(q));
-            sums[(b * QK_K + e) / 16] = (int16_t)_mm512_reduce_add_epi32(q);
-        }
-        for (int g = 0; g < QK_K / 32; g++) sums32[b * 8 + g] = (int16_t)(sums[b * 16 + 2 * g] + sums[b * 16 + 2 * g + 1]);
-    }
-}
-
-int tern_q8k_rows(const float *x, int64_t M, int64_t K, TernQ8KRows *q) {
-    q->qs = (int8_t *)malloc((size_t)(M * K));
-    q->d = (float *)malloc((size_t)(M * (K / QK_K)) * sizeof(float));
-    q->sums = (int16_t *)malloc((size_t)(M * (K / 16)) * sizeof(int16_t));
-    q->sums32 = (int16_t *)malloc((size_t)(M * (K / 32)) * sizeof(int16_t));
-    if (!q->qs || !q->d || !q->sums || !q->sums32) return -1;
-#pragma omp parallel for schedule(static) if (M >= 4)
-    for (int64_t r = 0; r < M; r++)
-        q8k_row(x + r * K, K, q->qs + r * K, q->d + r * (K / QK_K), q->sums + r * (K / 16), q->sums32 + r * (K / 32));
-    return 0;
-}
-
-void tern_free_q8k_rows(TernQ8KRows *q) { free(q->qs), free(q->d), free(q->sums), free(q->sums32); }
-
-/* The quantizer alone, for the reference test: qs [M, K], d [M, K/256], sums [M, K/16]. */
-void tern_quantize_rows_q8k(const float *x, int64_t M, int64_t K, int8_t *qs, float *d, int16_t *sums) {
-    for (int64_t r = 0; r < M; r++) {
-        int16_t sums32[K / 32 > 0 ? K / 32 : 1];
-        q8k_row(x + r * K, K, qs + r * K, d + r * (K / QK_K), sums + r * (K / 16), sums32);
-    }
-}
 
 static inline __m512i quad(const int8_t *bytes) {
     int32_t four;
@@ -256,13 +211,9 @@ int tern_tile_k(int q5, uint8_t *w, int64_t N, int64_t nsb) {
     return failed ? -1 : 0;
 }
 
-#ifndef TERN_Q4_TILED
-void tern_quantize_rows_q8k(const float *x, int64_t M, int64_t K, int8_t *qs, float *d, int16_t *sums) {
-    (void)x, (void)M, (void)K, (void)qs, (void)d, (void)sums; /* the tiles' quantizer: AVX-512 VNNI builds only */
-}
-
+#ifndef TERN_KQ_TILED
 int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     (void)q5, (void)x, (void)M, (void)K, (void)w, (void)N, (void)out;
-    return -2; /* built only with AVX-512 VNNI (kernels.q4_1_tiled()) */
+    return -2; /* built with AVX2 and up only (kquant_tiled_avx2.c; ggml_kernels.tiled_isa()) */
 }
 #endif

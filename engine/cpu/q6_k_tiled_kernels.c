@@ -11,7 +11,7 @@
  * So a 64-byte vector of a scale's codes is 16 columns x 4 consecutive elements, as vpdpbusd takes them:
  * the 6-bit codes q are merged in bytes (four ands, shifts and ors a 256 codes) and never widened.
  * vpdpbusd multiplies unsigned by signed bytes: q (0..63) against the row's int8 Q8_K activations
- * (kquant_tiled_kernels.c, tern_q8k_rows: a scale a block of 256), exactly (at most 16 * 63 * 127), then
+ * (q8k_rows.c, tern_q8k_rows: a scale a block of 256), exactly (at most 16 * 63 * 127), then
  * one conversion and FMA by d * scale a 16 elements; the -32 of q - 32 comes off once a super-block, in
  * integers, 32 sum_h sc_h (the row's 16-sum h) (the columns' scales in pairs against the row's sums,
  * vpdpwssd), by one FMA with 32 d, and one FMA by the row's block scale, 16 columns a vector: every
@@ -130,10 +130,10 @@ int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *
     tern_free_q8k_rows(&q);
     return 0;
 }
-#else
+#elif !defined(TERN_KQ_TILED)
 int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
     (void)x, (void)M, (void)K, (void)w, (void)N, (void)out;
-    return -2; /* built only with AVX-512 VNNI (kernels.q4_1_tiled()) */
+    return -2; /* built with AVX2 and up only (kquant_tiled_avx2.c; ggml_kernels.tiled_isa()) */
 }
 #endif
 

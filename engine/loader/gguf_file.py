@@ -118,6 +118,7 @@ def _kept_blocks(tensor: GgufTensor, name: str, tied: bool) -> bool:
     """Whether the C kernels' path keeps this tensor as its blocks (``keep_blocks``)."""
     ggml_type, width = tensor.tensor_type, int(tensor.shape[0])
     runs = ggml_kernels.kernel_format(ggml_type, width) is not None
+    runs = runs and ggml_kernels.serving_path(ggml_type) != "q8_0"  # measured faster converted, on this CPU
     if name == "model.embed_tokens.weight":  # untied, only rows are looked up: any quantized type
         return runs or (not tied and ggml_type not in _FLOAT_TYPES)
     return runs and (name == "lm_head.weight" or (".layers." in name and name.endswith("_proj.weight")))

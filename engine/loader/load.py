@@ -10,7 +10,7 @@ import importlib.util
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -54,6 +54,9 @@ class LoadedModel:
     path: Path
     steps_in_c: bool = False
     """Decode steps run as one C call (set where the loader installed the C kernels: serving.py)."""
+    kernel_paths: dict[str, str] = field(default_factory=dict)
+    """On the C kernels (serving.py): each GGML type's path on this CPU and the tiles' instruction set
+    (``ggml_kernels.serving_paths``), for the startup log and /health; empty off them."""
 
 
 def default_model_path() -> Path:

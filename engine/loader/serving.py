@@ -8,15 +8,19 @@ The engine only reads the outcome (``LoadedModel.steps_in_c`` for its thread cou
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, replace
 
 import torch
 
 from engine.config import EngineConfig
+from engine.cpu import ggml_kernels
 from engine.cpu import kernels as cpu_kernels
 from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from engine.loader.load import LoadedModel, load_model
 from engine.loader.memory import release_freed_memory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -66,5 +70,10 @@ def load_for_engine(config: EngineConfig) -> LoadedModel:
     if plan.cpu_kernels is not None:
         installed = install_cpu_kernels(loaded.model, plan.cpu_kernels)
         loaded = replace(loaded, steps_in_c=installed.steps_in_c)
+    if plan.keep_gguf_blocks:
+        # which kernel each GGML type runs on this CPU (own blocks tiled or row by row, or Q8_0)
+        loaded = replace(loaded, kernel_paths=ggml_kernels.serving_paths())
+        paths = ", ".join(f"{name} {path}" for name, path in loaded.kernel_paths.items())
+        log.info("GGUF types on the C kernels: %s", paths)
     release_freed_memory()
     return loaded

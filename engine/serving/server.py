@@ -109,8 +109,9 @@ def _add_status_routes(app: FastAPI, engine: LLMEngine, worker: EngineThread) ->
     model_info = ModelInfo(id=engine.model_name, max_model_len=engine.max_model_len)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, object]:
+        # on the C kernels, which one runs each GGML type on this CPU (ggml_kernels.serving_paths)
+        return {"status": "ok", "kernels": engine.kernel_paths} if engine.kernel_paths else {"status": "ok"}
 
     @app.get(HEALTH_PATH)
     async def rpc_health() -> HealthResponse:

@@ -80,65 +80,6 @@ def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None
     assert_rows_are_batch_and_thread_independent(lambda x: ggml_kernels.matmul_kquant(x, blocks, ggml_type))
 
 
-@pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
-@pytest.mark.parametrize("ggml_type", [Q.Q4_K, Q.Q5_K, Q.Q6_K])
-@pytest.mark.parametrize("rows", [1, 4, 5, 9, 17])
-def test_tiled_kquant_kernels_match_the_reference_and_the_batch(ggml_type: Q, rows: int) -> None:
-    raw = random_blocks(ggml_type, 48, 512, seed=rows)
-    tiled = ggml_kernels.tile(torch.from_numpy(raw.copy()), ggml_type)
-    x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows)) * 3
-    out = ggml_kernels.matmul_tiled(x, tiled, ggml_type)
-    expected = ggml_kernels.matmul_ref_q8k(x, raw, ggml_type)
-    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-4)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert torch.equal(ggml_kernels.matmul_tiled(x, tiled, ggml_type), out)
-    finally:
-        torch.set_num_threads(threads)
-    for i in range(rows):
-        assert torch.equal(ggml_kernels.matmul_tiled(x[i : i + 1], tiled, ggml_type)[0], out[i])
-
-
-@pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
-def test_the_tiles_activation_quantizer_is_the_plain_reference() -> None:
-    x = torch.randn(5, 1024, generator=torch.Generator().manual_seed(3)) * 4
-    x[1, :256] = 0.0  # a block of zeros: scale 0, codes 0
-    x[2, 300] = 1e4  # one outlier: the rest of its block rounds to 0
-    x[3] = x[3].round() / 8  # halves: ties round to even
-    got = ggml_kernels.quantize_rows_q8k(x)
-    for tensor, reference in zip(got, ggml_kernels.quantize_rows_q8k_ref(x), strict=True):
-        assert torch.equal(tensor, reference)
-    assert got[0].abs().max() == 127 and got[1][1, 0] == 0
-
-
-@pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
-@pytest.mark.parametrize("ggml_type", KQUANTS)
-def test_tiled_kquant_extreme_codes_and_scales_do_not_overflow(ggml_type: Q) -> None:
-    """Every byte 0xFF, 0x00 or 0x80 but the float16 scales, against rows at +-127."""
-    for fill in (0x00, 0xFF, 0x80):
-        blocks = torch.from_numpy(random_blocks(ggml_type, 16, 512))
-        scales = blocks.clone()
-        blocks.fill_(fill)
-        offsets = {Q.Q6_K: [208, 209]}.get(ggml_type, [0, 1, 2, 3])
-        blocks.view(16, 2, -1)[..., offsets] = scales.view(16, 2, -1)[..., offsets]
-        x = torch.full((2, 512), 1.0)
-        x[1] *= -1
-        expected = ggml_kernels.matmul_ref_q8k(x, blocks, ggml_type)
-        out = ggml_kernels.matmul_tiled(x, ggml_kernels.tile(blocks.clone(), ggml_type), ggml_type)
-        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-3)
-
-
-@pytest.mark.skipif(not kernels.q4_1_tiled(), reason="the tiled kernels are built with AVX-512 VNNI only")
-def test_a_tied_q6_k_heads_tiles_give_the_embedding_rows_back() -> None:
-    raw = random_blocks(Q.Q6_K, 32, 512)
-    head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q6_K, 512, rows_looked_up=True)
-    assert head.format == "q6_k_tiled"
-    ids = torch.tensor([[0, 31, 17], [16, 15, 15]])
-    expected = ggml_kernels.dequantize_ref(raw, Q.Q6_K)[ids]
-    torch.testing.assert_close(GgmlEmbedding(head, 512)(ids), expected, rtol=1e-6, atol=0)
-
-
 def test_q8_0_blocks_run_as_q8_0_exactly() -> None:
     raw = random_blocks(Q.Q8_0, 20, 256)
     dense = ggml_kernels.dequantize_ref(raw, Q.Q8_0)
@@ -208,12 +149,23 @@ def _has_avx512() -> bool:
 @pytest.mark.skipif(os.environ.get(kernels.AVX512_ENV) == "0", reason="this run is the AVX2 build")
 @pytest.mark.skipif(not _has_avx512(), reason="the CPU has no AVX-512: the AVX2 kernels are the ones tested")
 def test_the_kquant_tests_pass_with_the_avx2_kernels(tmp_path: Path) -> None:
-    """The kernel tests above again in a process whose kernels are built without AVX-512."""
+    """The kernel tests above, the mixed GGUF's (the C decode layers on the tiles) and the tiles'
+    (test_kquant_tiles.py: the AVX2 tiles against the reference, and bit for bit against this process's
+    AVX-512 tiles) again in a process whose kernels are built without AVX-512, and that build has no
+    AVX-512 instruction: no zmm register anywhere in it."""
+    from tests.engine import test_kquant_tiles as tiles  # it imports this module's batch checker
+
+    expected = tmp_path / "tiles.pt"
+    torch.save(tiles.kquant_tiles_outputs(), expected)
     env = {**os.environ, kernels.AVX512_ENV: "0", "TERN_KERNEL_CACHE": str(tmp_path)}
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    command += ["-k", "kquant or q5_0"]
+    env[tiles.EXPECTED_ENV] = str(expected)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, tiles.__file__]
+    command += ["-k", "kquant or q5_0 or tile or mixed_gguf"]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout, result.stdout[-500:]
+    (library,) = tmp_path.glob("tern_cpu_kernels-*.so")
+    tiles.assert_no_avx512(library)
 
 
 def _logits(model: nn.Module, ids: list[int]) -> torch.Tensor:
@@ -243,7 +195,7 @@ def test_a_mixed_gguf_loads_in_its_own_blocks(
         name: layer.get_submodule(name).format
         for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")
     }
-    tiled = "_tiled" if kernels.q4_1_tiled() else ""  # 256 and 128 rows: whole tiles
+    tiled = "_tiled" if ggml_kernels.tiled_isa() else ""  # 256 and 128 rows: whole tiles
     assert formats == {
         "self_attn.q_proj": "q4_k" + tiled,
         "self_attn.v_proj": "q6_k" + tiled,

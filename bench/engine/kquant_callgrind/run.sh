@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Instructions per multiply-add of the K-quant kernels built for AVX2 only (-march=znver3, as on a Zen 3
+# CPU; -mno-avx512f, as TERN_CPU_AVX512=0 builds), one thread, under callgrind (counts instructions, not
+# time: what a loaded machine does not change): the tiles (kquant_tiled_avx2.c, q6_k_tiled_avx2.c) against
+# the row-by-row kernels (kquant_kernels.c) and Q8_0's (what a conversion would run). From the project root:
+#   bash bench/engine/kquant_callgrind/run.sh [K N]     (needs cc and valgrind; docs/engine.md, "GGUF types")
+# ROWS="1 16 64" and KERNELS="q4_k q4_k_tiled ..." (the environment) pick what runs.
+set -eu
+HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../../engine/cpu"; OUT="$(mktemp -d)"
+K="${1:-2048}"; N="${2:-2048}"
+SOURCES="quant_rows.c quant_kernels.c q4_1_tiled_kernels.c kquant_kernels.c q8k_rows.c kquant_tiled_kernels.c
+kquant_tiled_avx2.c q6_k_tiled_kernels.c q6_k_tiled_avx2.c"
+cc -O3 -march=znver3 -mno-avx512f -DTERN_NO_AVX512 -fopenmp -std=c11 -I"$CPU" "$HERE/probe.c" \
+  $(for s in $SOURCES; do echo "$CPU/$s"; done) -o "$OUT/probe" -lm
+entry() {  # the kernel's entry point (exactly: its OpenMP body, NAME._omp_fn.0, would toggle collection off)
+  case "$1" in q8_0) echo tern_matmul_q8_0;; q6_k_tiled) echo tern_matmul_q6_k_tiled;; *_tiled) echo tern_matmul_k_tiled;;
+  *) echo tern_matmul_kquant;; esac
+}
+count() {
+  OMP_NUM_THREADS=1 valgrind --tool=callgrind --callgrind-out-file=/dev/null --toggle-collect="$(entry "$1")" \
+    "$OUT/probe" "$@" 2>&1 | awk '/Collected/{print $4}'
+}
+for rows in ${ROWS:-1 16 64}; do
+  for kernel in ${KERNELS:-q4_k q4_k_tiled q5_k q5_k_tiled q6_k q6_k_tiled q8_0}; do
+    n=$(count $kernel $rows "$K" "$N")
+    echo "{\"kernel\": \"$kernel\", \"rows\": $rows, \"K\": $K, \"N\": $N, \"instructions\": $n, \"per_mac\": $(python3 -c "print(round($n / ($rows * $K * $N), 4))")}"
+  done
+done
+rm -rf "$OUT"

@@ -1,0 +1,131 @@
+/* Q6_K tile by tile on AVX2 (TERN_KQ_TILED_256, kernels.h): q6_k_tiled_kernels.c's layout and
+ * arithmetic (described there) with 256-bit vectors, as kquant_tiled_avx2.c does Q4_K: a tile of 16
+ * columns as two halves of 8, the 64 bytes of a scale's low or high bits in the layout being 16 columns x
+ * 4 bytes, so a half's are its 32 bytes 32 H .. 32 H + 31, loaded as they are. Per row and scale (16
+ * elements), the 6-bit codes q (0..63, unsigned) against the row's int8 Q8_K activations:
+ *   AVX-VNNI:  four vpdpbusd into int32 lanes;
+ *   AVX2:      four vpmaddubsw into int16 pairs (at most 2 * 63 * 127), two summed in int16 (32004 <
+ *              2^15), each sum widened by vpmaddwd against ones.
+ * Both are the exact integer dot product, so the float operations after it are the AVX-512 kernel's, in
+ * its order (and the -32 comes off once a super-block in integers, the columns' scales in pairs against
+ * the row's 16-sums, vpmaddwd as vpdpwssd there): the same bits, independent of the batch and threads.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#ifdef TERN_KQ_TILED_256
+#define QK_K 256
+#define TILE_N 16
+#define HALF_N 8
+#define TILE_BYTES 3360
+#define LOW_OFFSET 288
+#define HIGH_OFFSET 2336
+
+static inline __m256i quad(const int8_t *bytes) {
+    int32_t four;
+    memcpy(&four, bytes, sizeof four);
+    return _mm256_set1_epi32(four);
+}
+
+/* The integer dot product of a scale's 16 elements of 8 columns (q0 .. q3: elements 4p .. 4p + 3) with
+ * a row's 16 activations xs. */
+static inline __attribute__((always_inline)) __m256i dot16(__m256i q0, __m256i q1, __m256i q2, __m256i q3,
+                                                           const int8_t *xs) {
+#ifdef TERN_VNNI_256
+    __m256i even = tern_dpbusd256(_mm256_setzero_si256(), q0, quad(xs));
+    __m256i odd = tern_dpbusd256(_mm256_setzero_si256(), q1, quad(xs + 4));
+    even = tern_dpbusd256(even, q2, quad(xs + 8));
+    odd = tern_dpbusd256(odd, q3, quad(xs + 12));
+    return _mm256_add_epi32(even, odd);
+#else
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i first = _mm256_add_epi16(_mm256_maddubs_epi16(q0, quad(xs)), _mm256_maddubs_epi16(q1, quad(xs + 4)));
+    const __m256i second = _mm256_add_epi16(_mm256_maddubs_epi16(q2, quad(xs + 8)), _mm256_maddubs_epi16(q3, quad(xs + 12)));
+    return _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones));
+#endif
+}
+
+/* RR rows of x from r0 against half H of tile t (columns 16 t + 8 H ..): q6_k_tiled_kernels.c's tile. */
+static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nsb, int64_t t, const TernQ8KRows *x,
+                                                       int64_t r0, int64_t N, int64_t K, float *out, const int RR,
+                                                       const int H) {
+    __m256 acc[4];
+    for (int i = 0; i < RR; i++) acc[i] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * H)));
+        __m256i scales[8]; /* the 8 columns' scales 2p and 2p + 1 paired in a lane, for vpmaddwd */
+        for (int p = 0; p < 8; p++) {
+            const __m128i a = _mm_loadu_si128((const __m128i *)(block + 32 + 32 * p));
+            const __m128i b = _mm_loadu_si128((const __m128i *)(block + 48 + 32 * p));
+            scales[p] = _mm256_cvtepi8_epi16(H ? _mm_unpackhi_epi8(a, b) : _mm_unpacklo_epi8(a, b));
+        }
+        __m256 part[4];
+        for (int i = 0; i < RR; i++) part[i] = _mm256_setzero_ps();
+#pragma GCC unroll 2
+        for (int h = 0; h < 16; h++) { /* elements 16h .. 16h + 15: scale h */
+            for (int line = 0; line < 256 && H == 0; line += 64) /* the first half's pass streams the tile */
+                _mm_prefetch((const char *)block + 2 * TILE_BYTES + 210 * h + line, _MM_HINT_T0);
+            const __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 32 + 16 * h + HALF_N * H));
+            const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 128 * h + 32 * H));
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 128 * h + 64 + 32 * H));
+            const __m256i hi = _mm256_loadu_si256((const __m256i *)(block + HIGH_OFFSET + 64 * h + 32 * H));
+            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hi, 4), top2));
+            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
+                                               _mm256_and_si256(_mm256_slli_epi16(hi, 2), top2));
+            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hi, top2));
+            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
+                                               _mm256_and_si256(_mm256_srli_epi16(hi, 2), top2));
+            for (int i = 0; i < RR; i++) {
+                const __m256i dot = dot16(q0, q1, q2, q3, x->qs + (r0 + i) * K + s * QK_K + 16 * h);
+                part[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, part[i]);
+            }
+        }
+        const __m256 d32 = _mm256_mul_ps(d, _mm256_set1_ps(32.0f));
+        for (int i = 0; i < RR; i++) {
+            const int16_t *sums = x->sums + (r0 + i) * (K / 16) + s * 16;
+            __m256i offset = _mm256_madd_epi16(scales[0], quad((const int8_t *)sums));
+            for (int p = 1; p < 8; p++)
+                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(scales[p], quad((const int8_t *)(sums + 2 * p))));
+            part[i] = _mm256_fnmadd_ps(d32, _mm256_cvtepi32_ps(offset), part[i]);
+            acc[i] = _mm256_fmadd_ps(part[i], _mm256_set1_ps(x->d[(r0 + i) * (K / QK_K) + s]), acc[i]);
+        }
+    }
+    for (int i = 0; i < RR; i++) _mm256_storeu_ps(out + (r0 + i) * N + t * TILE_N + HALF_N * H, acc[i]);
+}
+
+#define HALVES(RR)                                  \
+    do {                                            \
+        tile(w, nsb, t, &q, r0, N, K, out, RR, 0);  \
+        tile(w, nsb, t, &q, r0, N, K, out, RR, 1);  \
+    } while (0)
+
+/* out [M, N] = x [M, K] @ dequant(W)^T, W Q6_K in q6_k_tiled_kernels.c's tile layout; N a multiple of 16. */
+int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out) {
+    if (K % QK_K || N % TILE_N) return -2;
+    const int64_t nsb = K / QK_K, tiles = N / TILE_N;
+    TernQ8KRows q;
+    if (tern_q8k_rows(x, M, K, &q)) {
+        tern_free_q8k_rows(&q);
+        return -1;
+    }
+#pragma omp parallel for schedule(guided)
+    for (int64_t t = 0; t < tiles; t++) {
+        int64_t r0 = 0;
+        for (; r0 + 4 <= M; r0 += 4) HALVES(4);
+        switch (M - r0) {
+        case 3: HALVES(3); break;
+        case 2: HALVES(2); break;
+        case 1: HALVES(1); break;
+        default: break;
+        }
+    }
+    tern_free_q8k_rows(&q);
+    return 0;
+}
+#endif
