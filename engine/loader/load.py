@@ -171,7 +171,9 @@ def _open(path: str | Path | None) -> _Checkpoint:
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
         metadata = gguf_file.read_metadata(reader)
-        config = ModelConfig.from_gguf_metadata(metadata, {t.name for t in reader.tensors})
+        config = ModelConfig.from_gguf_metadata(
+            metadata, {t.name for t in reader.tensors}, gguf_file.rope_freq_factors(reader)
+        )
         architecture = metadata["general.architecture"]
         return _Checkpoint(
             path=path,

@@ -118,6 +118,8 @@ def supports(layer: nn.Module) -> bool:
     if type(layer) not in _LAYER_TYPES:
         return False
     attention, mlp = layer.self_attn, layer.mlp
+    if getattr(attention, "q_norm", None) is not None or not getattr(attention, "rotary", True):
+        return False  # the C layer has no per-head q/k norm and always rotates: the torch path serves
     if isinstance(layer, BitNetDecoderLayer):
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
