@@ -72,6 +72,9 @@ class _Layer(ctypes.Structure):
         ("attn_sub_norm", ctypes.c_void_p),  # BitNet only, else NULL
         ("ffn_sub_norm", ctypes.c_void_p),
         ("relu2", ctypes.c_int32),
+        ("q_norm", ctypes.c_void_p),  # Qwen3 only, else NULL
+        ("k_norm", ctypes.c_void_p),
+        ("rotary", ctypes.c_int32),  # 0 on a NoPE layer (SmolLM3)
     ]
 
 
@@ -118,12 +121,13 @@ def supports(layer: nn.Module) -> bool:
     if type(layer) not in _LAYER_TYPES:
         return False
     attention, mlp = layer.self_attn, layer.mlp
-    if getattr(attention, "q_norm", None) is not None or not getattr(attention, "rotary", True):
-        return False  # the C layer has no per-head q/k norm and always rotates: the torch path serves
     if isinstance(layer, BitNetDecoderLayer):
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
             return False
+    head_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
+    if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in head_norms):
+        return False  # the struct holds one eps, and the C path calls the C norm
     return (
         (type(attention), type(mlp)) == _LAYER_TYPES[type(layer)]
         and _on_c_kernel(attention.qkv_proj)
@@ -140,6 +144,7 @@ def supports(layer: nn.Module) -> bool:
 
 def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
     attention, mlp = layer.self_attn, layer.mlp
+    assert isinstance(attention, LlamaAttention)
     k_cache, v_cache = attention.attn.k_cache, attention.attn.v_cache
     if k_cache.dtype not in (torch.float16, torch.float32):
         raise cpu_kernels.KernelError("the decoder layer kernel takes a float16 or float32 cache")
@@ -161,7 +166,16 @@ def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
         int(k_cache.dtype == torch.float16),
         k_cache.shape[1],
         *_bitnet_fields(layer),
+        *_head_norms(attention),
+        int(attention.rotary),
     )
+
+
+def _head_norms(attention: LlamaAttention) -> tuple[int | None, int | None]:
+    """Qwen3's per-head q and k norms' weights; NULLs for a layer without them."""
+    if attention.q_norm is None or attention.k_norm is None:
+        return None, None
+    return attention.q_norm.weight.data_ptr(), attention.k_norm.weight.data_ptr()
 
 
 def _bitnet_fields(layer: LlamaDecoderLayer) -> tuple[int | None, int | None, int]:

@@ -132,3 +132,84 @@ def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# -- random blocks of the engine's GGML types, at one size for every family ----------------------------
+
+RANDOM_HIDDEN, RANDOM_FFN, RANDOM_HEADS, RANDOM_KV_HEADS, RANDOM_LAYERS, RANDOM_CONTEXT = (
+    256,
+    512,
+    4,
+    2,
+    4,
+    1024,
+)
+# The variants of the fast-path comparison: GGUF architecture, head_dim, rope_freqs, YaRN.
+RANDOM_VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
+    "llama": ("llama", 64, False, False),  # the baseline: plain Llama
+    "llama3": ("llama", 64, True, False),
+    "qwen3": ("qwen3", 128, False, False),  # head_dim 128 at hidden 256 / 4 heads
+    "smollm3": ("smollm3", 64, False, True),  # layer 3 of 4 NoPE
+}
+
+
+def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed: int = 0) -> Path:
+    """A random-weight GGUF of ``variant`` (RANDOM_VARIANTS) whose linears have ``types`` per role
+    (``tests/engine/ggml_files.py``'s roles), Q8_0 embedding and Q6_K head, as the converter names them."""
+    from engine.cpu.ggml_kernels import random_blocks
+
+    architecture, dim, rope_freqs, yarn = RANDOM_VARIANTS[variant]
+    generator = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(path, architecture)
+    writer.add_name(f"random {variant}")
+    writer.add_block_count(RANDOM_LAYERS)
+    writer.add_context_length(RANDOM_CONTEXT)
+    writer.add_embedding_length(RANDOM_HIDDEN)
+    writer.add_feed_forward_length(RANDOM_FFN)
+    writer.add_head_count(RANDOM_HEADS)
+    writer.add_head_count_kv(RANDOM_KV_HEADS)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(1e-6)
+    writer.add_key_length(dim)
+    writer.add_value_length(dim)
+    writer.add_rope_dimension_count(dim)
+    writer.add_vocab_size(len(BYTE_TOKENS))
+    if yarn:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(4.0)
+        writer.add_rope_scaling_orig_ctx_len(RANDOM_CONTEXT // 4)
+    add_byte_tokenizer(writer)
+    q_rows, kv_rows = RANDOM_HEADS * dim, RANDOM_KV_HEADS * dim
+    shapes = {
+        "attn_q": (q_rows, RANDOM_HIDDEN),
+        "attn_k": (kv_rows, RANDOM_HIDDEN),
+        "attn_v": (kv_rows, RANDOM_HIDDEN),
+        "attn_output": (RANDOM_HIDDEN, q_rows),
+        "ffn_gate": (RANDOM_FFN, RANDOM_HIDDEN),
+        "ffn_up": (RANDOM_FFN, RANDOM_HIDDEN),
+        "ffn_down": (RANDOM_HIDDEN, RANDOM_FFN),
+    }
+
+    def add(name: str, ggml_type: Q, rows: int, width: int, scale: float = 1.0) -> None:
+        blocks = random_blocks(ggml_type, rows, width, int(generator.integers(1 << 30)), scale)
+        writer.add_tensor(name, blocks, raw_dtype=ggml_type)
+
+    add("token_embd.weight", Q.Q8_0, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
+    for layer in range(RANDOM_LAYERS):
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(RANDOM_HIDDEN, dtype=np.float32))
+        if architecture == "qwen3":
+            for norm in ("attn_q_norm", "attn_k_norm"):
+                weights = generator.uniform(0.5, 1.5, dim).astype(np.float32)
+                writer.add_tensor(f"blk.{layer}.{norm}.weight", weights)
+        for role, (rows, width) in shapes.items():
+            add(f"blk.{layer}.{role}.weight", types[role], rows, width)
+    writer.add_tensor("output_norm.weight", np.ones(RANDOM_HIDDEN, dtype=np.float32))
+    add("output.weight", Q.Q6_K, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
+    if rope_freqs:
+        writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, dim // 2, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
