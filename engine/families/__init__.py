@@ -1,7 +1,7 @@
 """The model families the engine serves, one declarative module each (``engine/families/spec.py``).
 
-Adding a Llama-shaped family: its module here, its line in ``FAMILIES``, and (only if it needs its
-own layer code) its class in ``engine/models/__init__.py``.
+Adding a Llama-shaped family: its module here and its line in ``FAMILIES``; one with layer code of
+its own also adds its class to ``engine/models/__init__.py``.
 """
 
 from __future__ import annotations

@@ -8,4 +8,5 @@ FAMILY = Family(
     gguf_architecture="bitnet",
     hidden_acts=("relu2", "silu"),
     gguf_layer_tensors={"attn_sub_norm": "self_attn.attn_sub_norm", "ffn_sub_norm": "mlp.ffn_sub_norm"},
+    model="bitnet",
 )

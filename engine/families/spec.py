@@ -50,3 +50,6 @@ class Family:
     """MLP activations the engine implements for this family."""
     gguf_layer_tensors: Mapping[str, str] = field(default_factory=dict)
     """Per-layer GGUF tensors beyond Llama's (``attn_q_norm`` -> ``self_attn.q_norm``)."""
+    model: str = "llama"
+    """The model code that computes it (``engine/models/__init__.py``, ``MODEL_CLASSES``): the Llama
+    decoder with the differences above, unless the family has its own layers (BitNet)."""
