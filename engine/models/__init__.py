@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from torch import nn
-
 from engine.families import family_for_hf
 from engine.model_config import ModelConfig
 from engine.models.bitnet import BitNetForCausalLM
 from engine.models.llama import LlamaForCausalLM
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     "llama": LlamaForCausalLM,
     "bitnet": BitNetForCausalLM,
 }
 
 
-def model_class_for(config: ModelConfig) -> type[nn.Module]:
+def model_class_for(config: ModelConfig) -> type[LlamaForCausalLM]:
     return MODEL_CLASSES[family_for_hf(config.architecture).model]

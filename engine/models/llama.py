@@ -118,13 +118,13 @@ DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 
 class LlamaDecoderLayer(nn.Module):
     # Variants (BitNet) swap the blocks through these attributes; the layer's wiring stays one piece of code.
-    attention_cls: type[nn.Module] = LlamaAttention
-    mlp_cls: type[nn.Module] = LlamaMLP
+    attention_cls: type[LlamaAttention] = LlamaAttention
+    mlp_cls: type[LlamaMLP] = LlamaMLP
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = self.attention_cls(config)
-        self.mlp = self.mlp_cls(config)
+        self.self_attn: LlamaAttention = self.attention_cls(config)
+        self.mlp: LlamaMLP = self.mlp_cls(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -142,7 +142,9 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(self.layer_cls(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         for index in config.nope_layers:
-            self.layers[index].self_attn.rotary = False
+            attention = self.layers[index].get_submodule("self_attn")
+            assert isinstance(attention, LlamaAttention)
+            attention.rotary = False
         self.rotary_emb = RotaryEmbedding(
             config.head_dim,
             config.max_position_embeddings,
@@ -170,12 +172,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    model_cls: type[nn.Module] = LlamaModel
+    model_cls: type[LlamaModel] = LlamaModel
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = self.model_cls(config)
+        self.model: LlamaModel = self.model_cls(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
