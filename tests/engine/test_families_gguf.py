@@ -14,6 +14,7 @@ import pytest
 from engine.layers.attention import set_decode_backend
 from engine.layers.attention_backends import TorchDecode, TritonDecode
 from engine.loader import LoadedModel, load_model
+from engine.loader.save import hf_config_dict
 from engine.model_config import ModelConfig
 from tests.engine.families_gguf import FAMILY_VARIANTS, head_dim, tiny_family_model, write_family_gguf
 from tests.engine.test_loader_gguf import BYTE_TOKENS
@@ -83,6 +84,17 @@ def test_the_gpu_paths_decode_attention_equals_transformers(family_pair: tuple[L
         set_decode_backend(loaded.model, TorchDecode())
     diff = (ours - hf_logits(hf_model, ids)).abs().max().item()
     assert diff <= LOGIT_TOLERANCE
+
+
+def test_the_config_round_trips_through_a_hugging_face_config(family_pair: tuple[LoadedModel, Any]) -> None:
+    """What ``tern quantize`` writes for a GGUF source reads back to the same config; a rope_freqs
+    tensor, which no transformers config can carry, is refused rather than dropped."""
+    config = family_pair[0].config
+    if config.rope_freq_factors is not None:
+        with pytest.raises(ValueError, match="rope_freqs"):
+            hf_config_dict(config)
+        return
+    assert ModelConfig.from_hf_dict(hf_config_dict(config)) == config
 
 
 def _llama3_vocabulary_metadata() -> dict[str, Any]:
