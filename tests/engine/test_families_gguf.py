@@ -16,6 +16,7 @@ from engine.layers.attention_backends import TorchDecode, TritonDecode
 from engine.loader import LoadedModel, load_model
 from engine.loader.save import hf_config_dict
 from engine.model_config import ModelConfig
+from engine.tokenizer import Tokenizer
 from tests.engine.families_gguf import FAMILY_VARIANTS, head_dim, tiny_family_model, write_family_gguf
 from tests.engine.test_loader_gguf import BYTE_TOKENS
 from tests.engine.test_parity_hf import LOGIT_TOLERANCE, engine_greedy, hf_greedy, hf_logits, paged_logits
@@ -105,7 +106,11 @@ def _llama3_vocabulary_metadata() -> dict[str, Any]:
         "llama.attention.head_count": 4,
         "llama.feed_forward_length": 128,
         "llama.block_count": 2,
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "llama-bpe",
         "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": [1] * len(BYTE_TOKENS) + [3] * 4,
+        "tokenizer.ggml.merges": [],
         "tokenizer.ggml.eos_token_id": tokens.index("<|eot_id|>"),
     }
 
@@ -118,6 +123,9 @@ def test_every_llama3_end_token_stops_generation() -> None:
     config = ModelConfig.from_gguf_metadata(metadata, {"token_embd.weight"})
     expected = {tokens.index(t) for t in ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")}
     assert set(config.eos_token_ids) == expected and config.eos_token_ids[0] == tokens.index("<|eot_id|>")
+    # the engine stops on the tokenizer's eos ids (engine/core/assembly.py), which the loader builds so
+    tokenizer = Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids)
+    assert set(tokenizer.eos_token_ids) == expected
     metadata["tokenizer.ggml.eom_token_id"] = tokens.index("<|eom_id|>")  # a key, where a file has one
     assert set(ModelConfig.from_gguf_metadata(metadata, {"token_embd.weight"}).eos_token_ids) == expected
 
