@@ -7,23 +7,17 @@ dataclass, so the two on-disk formats only differ here and in the weight loaders
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "BitNetForCausalLM")
-# The MLP activations each architecture implements (BitNet b1.58: squared ReLU, as transformers' model;
-# SiLU as llama.cpp's "bitnet" graph computes a GGUF of it, whose metadata names no activation).
-_HIDDEN_ACTS = {"BitNetForCausalLM": ("relu2", "silu")}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+from engine.families import HF_ARCHITECTURES, family_for_gguf, family_for_hf
 
-# GGUF `general.architecture` -> Hugging Face architecture.
-_GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "bitnet": "BitNetForCausalLM",
-}
+SUPPORTED_ARCHITECTURES = HF_ARCHITECTURES
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+ROPE_FREQS_TENSOR = "rope_freqs.weight"
+"""llama.cpp's per-pair rope divisors (Llama 3.1's scaling as its converter writes it)."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +33,7 @@ class ModelConfig:
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: dict[str, Any] | None
-    """None for plain RoPE, else the HF dict with a `rope_type` of "linear" or "llama3"."""
+    """None for plain RoPE, else the HF dict with a `rope_type` of "linear", "llama3" or "yarn"."""
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool
@@ -50,16 +44,19 @@ class ModelConfig:
     hidden_act: str = "silu"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    qk_norm: bool = False
+    """A per-head RMSNorm over head_dim on q and k before rotary (Qwen3)."""
+    nope_layers: tuple[int, ...] = ()
+    """Layers that apply no rotary (SmolLM3's NoPE layers)."""
+    rope_freq_factors: tuple[float, ...] | None = None
+    """A GGUF's ``rope_freqs`` tensor: each pair's inverse frequency is divided by its factor, as
+    llama.cpp does (how its converter stores Llama 3.1's rope scaling). None: none."""
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported architecture {self.architecture!r}; "
-                f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-            )
+        family = family_for_hf(self.architecture)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
-        expected_act = _HIDDEN_ACTS.get(self.architecture, ("silu",))
+        expected_act = family.hidden_acts
         if self.hidden_act not in expected_act:
             implemented = " or ".join(expected_act)
             raise ValueError(
@@ -69,6 +66,15 @@ class ModelConfig:
         if rope_type not in SUPPORTED_ROPE_TYPES:
             raise ValueError(
                 f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+            )
+        factors = self.rope_freq_factors
+        if factors is not None and len(factors) != self.head_dim // 2:
+            raise ValueError(
+                f"rope_freqs has {len(factors)} factors; head_dim {self.head_dim} needs {self.head_dim // 2}"
+            )
+        if any(not 0 <= i < self.num_hidden_layers for i in self.nope_layers):
+            raise ValueError(
+                f"no-rope layers {self.nope_layers} outside the model's {self.num_hidden_layers}"
             )
 
     # -- Hugging Face -------------------------------------------------------------------------
@@ -90,11 +96,10 @@ class ModelConfig:
         if not architectures:
             raise ValueError("config.json names no architecture")
         architecture = architectures[0]
+        family = family_for_hf(architecture)
         hidden_size = config["hidden_size"]
         num_heads = config["num_attention_heads"]
         rope_theta, rope_scaling = _hf_rope(config)
-        is_qwen2 = architecture == "Qwen2ForCausalLM"
-        llama_bias = bool(config.get("attention_bias", False))
         eos = (generation_config or {}).get("eos_token_id", config.get("eos_token_id"))
         return cls(
             architecture=architecture,
@@ -110,26 +115,31 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             max_position_embeddings=_context_length(config),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            attention_bias=True if is_qwen2 else llama_bias,
-            attention_out_bias=False if is_qwen2 else llama_bias,
+            attention_bias=family.qkv_bias(config),
+            attention_out_bias=family.o_bias(config),
             mlp_bias=bool(config.get("mlp_bias", False)),
             hidden_act=config.get("hidden_act", "silu"),
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=_as_ids(eos),
+            qk_norm=family.qk_norm,
+            nope_layers=family.hf_nope_layers(config),
         )
 
     # -- GGUF -----------------------------------------------------------------------------------
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any], tensor_names: set[str]) -> ModelConfig:
-        """Build from GGUF key/values (see `engine.loader.gguf_file.read_metadata`) and tensor names."""
+    def from_gguf_metadata(
+        cls,
+        metadata: Mapping[str, Any],
+        tensor_names: set[str],
+        rope_freq_factors: Sequence[float] | None = None,
+    ) -> ModelConfig:
+        """Build from GGUF key/values (see `engine.loader.gguf_file.read_metadata`) and tensor names;
+        ``rope_freq_factors``: the file's ``rope_freqs`` tensor where it has one."""
         arch = metadata["general.architecture"]
-        if arch not in _GGUF_ARCHITECTURES:
-            raise ValueError(
-                f"unsupported GGUF architecture {arch!r}; supported: {', '.join(_GGUF_ARCHITECTURES)}"
-            )
-        if "rope_freqs.weight" in tensor_names:
-            raise ValueError("GGUF files with a rope_freqs tensor (llama3 rope scaling) are not supported")
+        family = family_for_gguf(arch)
+        if ROPE_FREQS_TENSOR in tensor_names and rope_freq_factors is None:
+            raise ValueError("this GGUF has a rope_freqs tensor: pass its values as rope_freq_factors")
 
         def key(name: str, default: Any = None) -> Any:
             return metadata.get(f"{arch}.{name}", default)
@@ -137,34 +147,81 @@ class ModelConfig:
         hidden_size = key("embedding_length")
         num_heads = key("attention.head_count")
         head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden_size // num_heads
-        scaling_type = key("rope.scaling.type", "none")
-        rope_scaling = None
-        if scaling_type == "linear":
-            rope_scaling = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
-        elif scaling_type != "none":
-            raise ValueError(f"unsupported GGUF rope scaling {scaling_type!r}")
-        has_qkv_bias = "blk.0.attn_q.bias" in tensor_names
         tokens = metadata.get("tokenizer.ggml.tokens")
-        eos = metadata.get("tokenizer.ggml.eos_token_id")
+        num_layers = key("block_count")
         return cls(
-            architecture=_GGUF_ARCHITECTURES[arch],
+            architecture=family.hf_architectures[0],
             vocab_size=key("vocab_size") or len(tokens or ()),
             hidden_size=hidden_size,
             intermediate_size=key("feed_forward_length"),
-            num_hidden_layers=key("block_count"),
+            num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
             num_key_value_heads=key("attention.head_count_kv") or num_heads,
             head_dim=head_dim,
             rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-6)),
             rope_theta=float(key("rope.freq_base", 10000.0)),
-            rope_scaling=rope_scaling,
+            rope_scaling=_gguf_rope_scaling(key),
             max_position_embeddings=key("context_length", 2048),
             tie_word_embeddings="output.weight" not in tensor_names,
-            attention_bias=has_qkv_bias,
+            attention_bias="blk.0.attn_q.bias" in tensor_names,
             attention_out_bias="blk.0.attn_output.bias" in tensor_names,
             bos_token_id=metadata.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=_as_ids(eos),
+            eos_token_ids=_gguf_eos_ids(metadata),
+            qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+            nope_layers=family.gguf_nope_layers(num_layers),
+            rope_freq_factors=None if rope_freq_factors is None else tuple(map(float, rope_freq_factors)),
         )
+
+
+def _gguf_rope_scaling(key: Callable[[str, Any], Any]) -> dict[str, Any] | None:
+    """The HF rope_scaling dict of a GGUF's ``<arch>.rope.scaling.*`` keys (llama.cpp's converter's)."""
+    scaling_type = key("rope.scaling.type", "none")
+    if scaling_type == "none":
+        return None
+
+    def required(name: str) -> Any:
+        value = key(f"rope.scaling.{name}", None)
+        if value is None:
+            raise ValueError(f"GGUF rope scaling {scaling_type!r} without rope.scaling.{name}")
+        return value
+
+    if scaling_type == "linear":
+        return {"rope_type": "linear", "factor": float(required("factor"))}
+    if scaling_type == "yarn":
+        yarn: dict[str, Any] = {
+            "rope_type": "yarn",
+            "factor": float(required("factor")),
+            "original_max_position_embeddings": int(required("original_context_length")),
+        }
+        for gguf_key, hf_key in _YARN_KEYS.items():
+            if (value := key(f"rope.scaling.{gguf_key}", None)) is not None:
+                yarn[hf_key] = float(value)
+        return yarn
+    raise ValueError(
+        f"unsupported GGUF rope scaling {scaling_type!r}; supported: none, linear, yarn, a rope_freqs tensor"
+    )
+
+
+# GGUF rope.scaling.<key> -> the HF yarn parameter it was written from (convert_hf_to_gguf.py).
+_YARN_KEYS = {
+    "yarn_attn_factor": "attention_factor",
+    "yarn_beta_fast": "beta_fast",
+    "yarn_beta_slow": "beta_slow",
+}
+
+
+def _gguf_eos_ids(metadata: Mapping[str, Any]) -> tuple[int, ...]:
+    """The file's eos, end-of-turn and end-of-message ids, and Llama 3's end tokens by their text (its
+    GGUFs name only one, as llama.cpp finds the others: ``generation_config.json`` lists all three)."""
+    ids = [metadata.get(f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
+    tokens = metadata.get("tokenizer.ggml.tokens") or ()
+    if _LLAMA3_END_TOKENS[0] in tokens:
+        index = {token: i for i, token in enumerate(tokens) if token.startswith("<|")}
+        ids.extend(index.get(token) for token in _LLAMA3_END_TOKENS)
+    return tuple(dict.fromkeys(i for i in ids if i is not None))
+
+
+_LLAMA3_END_TOKENS = ("<|eot_id|>", "<|eom_id|>", "<|end_of_text|>")
 
 
 def _context_length(config: Mapping[str, Any]) -> int:

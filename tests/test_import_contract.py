@@ -263,7 +263,7 @@ ENGINE_LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"models", "metrics", "tokenizer"}),
     frozenset({"layers", "cache", "model_config", "chat_template"}),
     frozenset({"config"}),
-    frozenset({"cpu", "kernels", "errors"}),
+    frozenset({"cpu", "kernels", "errors", "families"}),
 )
 """engine's first-level children (subpackages and modules), top to bottom: a node imports only nodes
 in layers below its own (docs/architecture.md). The step context sits in ``layers`` (``layers/context.py``),

@@ -33,13 +33,15 @@ SOURCES = tuple(
         "q6_k_tiled_kernels.c",
         "q6_k_tiled_avx2.c",
         "attention_kernels.c",
+        "layer_rows.c",
         "layer_kernels.c",
         "ternary_kernels.c",
         "ternary_activations.c",
     )
 )
 INCLUDES = tuple(
-    Path(__file__).with_name(name) for name in ("paged_attention.inc", "kernels.h", "quant_rows.h")
+    Path(__file__).with_name(name)
+    for name in ("paged_attention.inc", "kernels.h", "quant_rows.h", "layer_rows.h")
 )
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 VNNI_ENV = "TERN_CPU_VNNI"

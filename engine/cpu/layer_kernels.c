@@ -7,7 +7,8 @@
  *   hidden += o_proj(attention(rotary(qkv_proj(rms_norm(hidden)))))    (K/V stored in the cache)
  *   hidden += down_proj(silu(gate) * up), gate | up = gate_up_proj(rms_norm(hidden))
  *
- * (a BitNet b1.58 layer: an RMSNorm before o_proj and before down_proj, squared ReLU or SiLU),
+ * (a BitNet b1.58 layer: an RMSNorm before o_proj and before down_proj, squared ReLU or SiLU; a Qwen3
+ * layer: a per-head RMSNorm on q and k before rotary; a SmolLM3 NoPE layer: no rotary),
  * with the same kernels and the same float32 arithmetic as the torch path of the layer
  * (engine/models/llama.py with ``c_kernel`` set), so a row comes out bit for bit the same either
  * way, and the engine may take this path for pure decode steps and the other for mixed ones
@@ -20,6 +21,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "layer_rows.h"
 
 /* -- SiLU and mul ------------------------------------------------------------------------------ */
 
@@ -38,42 +40,6 @@ void tern_silu_mul(const float *gate, const float *up, int64_t M, int64_t K, int
         }
 #endif
         for (; k < K; k++) o[k] = g[k] / (1.0f + exp_scalar(-g[k])) * u[k];
-    }
-}
-
-/* -- rotary and the KV store ----------------------------------------------------------------- */
-
-/* Rotate `heads` heads of D at the start of each of the M rows of x (rows `stride` apart) in place,
- * rotate-half convention, with the engine's tables: sin's first half negated (engine/layers/rotary.py),
- * cos and sin rows `table_stride` apart. Same arithmetic as torch's x * cos + roll(x, D/2) * sin. */
-static void rotary(float *x, int64_t M, int64_t stride, int64_t heads, int64_t D, const float *cos,
-                   const float *sin, int64_t table_stride) {
-    const int64_t half = D / 2;
-    for (int64_t r = 0; r < M; r++) {
-        const float *c = cos + r * table_stride, *s = sin + r * table_stride;
-        for (int64_t h = 0; h < heads; h++) {
-            float *v = x + r * stride + h * D;
-            for (int64_t i = 0; i < half; i++) {
-                const float a = v[i], b = v[i + half];
-                v[i] = a * c[i] + b * s[i];
-                v[i + half] = b * c[i + half] + a * s[i + half];
-            }
-        }
-    }
-}
-
-/* Copy M rows of `width` floats (rows `stride` apart) into the cache at slots[r]; the cache rows are
- * `width` elements, float16 when `half`. */
-static void store_rows(const float *x, int64_t M, int64_t stride, int64_t width, const int64_t *slots,
-                       void *cache, int half) {
-    for (int64_t r = 0; r < M; r++) {
-        const float *src = x + r * stride;
-        if (half) {
-            uint16_t *dst = (uint16_t *)cache + slots[r] * width;
-            for (int64_t i = 0; i < width; i++) dst[i] = float_to_half(src[i]);
-        } else {
-            memcpy((float *)cache + slots[r] * width, src, (size_t)width * sizeof(float));
-        }
     }
 }
 
@@ -116,6 +82,8 @@ typedef struct {
      * and squared ReLU for SiLU where relu2 */
     const float *attn_sub_norm, *ffn_sub_norm;
     int32_t relu2;
+    const float *q_norm, *k_norm; /* Qwen3: [head_dim] each, per head before rotary (NULL: none) */
+    int32_t rotary;               /* 0 on a NoPE layer (SmolLM3) */
 } TernDecoderLayer;
 
 /* One part's kernel: the one place in C that maps a format to its matmul. */
@@ -229,9 +197,10 @@ static int decoder_layer(const TernDecoderLayer *L, float *hidden, int64_t M, in
     int status;
     tern_rms_norm(hidden, L->input_norm, M, E, L->eps, ws->normed);
     if ((status = linear(&L->qkv, ws->normed, M, ws->qkv))) return status;
-    rotary(ws->qkv, M, qkv_width, H + KVH, D, cos, sin, table_stride); /* q and k, side by side */
-    store_rows(ws->qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
-    store_rows(ws->qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
+    if (L->q_norm) tern_head_norms(ws->qkv, M, qkv_width, H, KVH, D, L->q_norm, L->k_norm, L->eps);
+    if (L->rotary) tern_rotary(ws->qkv, M, qkv_width, H + KVH, D, cos, sin, table_stride); /* q and k side by side */
+    tern_store_rows(ws->qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
+    tern_store_rows(ws->qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
     for (int64_t r = 0; r < M; r++) memcpy(ws->q + r * H * D, ws->qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
     status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens,
                                          M, H, KVH, D, L->block_size, L->scale, ws->attended);
@@ -261,7 +230,7 @@ static int ternary_stack(const TernDecoderLayer *layers, int64_t count, int64_t 
     for (int64_t i = 0; i < count; i++) {
         const TernDecoderLayer *L = &layers[i];
         const int64_t HD = L->heads * L->head_dim, I = L->intermediate;
-        if (!plain_ternary(&L->qkv) || !plain_ternary(&L->o) || !plain_ternary(&L->gate_up) || !plain_ternary(&L->down) ||
+        if (!plain_ternary(&L->qkv) || L->q_norm || !L->rotary || !plain_ternary(&L->o) || !plain_ternary(&L->gate_up) || !plain_ternary(&L->down) ||
             L->qkv.in_features != E || L->qkv.out_features != HD + 2 * L->kv_heads * L->head_dim ||
             L->o.in_features != HD || L->o.out_features != E || L->gate_up.in_features != E ||
             L->gate_up.out_features != 2 * I || L->down.in_features != I || L->down.out_features != E)
@@ -308,9 +277,9 @@ static void ternary_layers(const TernDecoderLayer *layers, int64_t count, float 
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++) {
             float *row = ws->qkv + r * qkv_width;
-            rotary(row, 1, qkv_width, H + KVH, D, cos + r * table_stride, sin + r * table_stride, table_stride);
-            store_rows(row + H * D, 1, qkv_width, KVH * D, slots + r, L->k_cache, L->half);
-            store_rows(row + (H + KVH) * D, 1, qkv_width, KVH * D, slots + r, L->v_cache, L->half);
+            tern_rotary(row, 1, qkv_width, H + KVH, D, cos + r * table_stride, sin + r * table_stride, table_stride);
+            tern_store_rows(row + H * D, 1, qkv_width, KVH * D, slots + r, L->k_cache, L->half);
+            tern_store_rows(row + (H + KVH) * D, 1, qkv_width, KVH * D, slots + r, L->v_cache, L->half);
             memcpy(ws->q + r * H * D, row, (size_t)(H * D) * sizeof(float));
         }
         tern_paged_attention_work(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, M, H,

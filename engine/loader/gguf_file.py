@@ -9,9 +9,9 @@ layout rearranges in place becomes the process's own pages), and the pages of ev
 converted instead (dequantized or packed) are handed back as soon as it is, so loading holds about
 one copy of the file.
 
-llama.cpp's converter permutes the rows of Llama's q/k projections so its interleaved-pair RoPE
-matches HF's rotate-half RoPE. We undo that here, so the model keeps HF's rotary layout and its
-logits match transformers on the same file.
+llama.cpp's converter permutes the rows of Llama's (and SmolLM3's: ``Family.gguf_qk_permuted``) q/k
+projections so its interleaved-pair RoPE matches HF's rotate-half RoPE. We undo that here, so the
+model keeps HF's rotary layout and its logits match transformers on the same file.
 """
 
 from __future__ import annotations
@@ -27,11 +27,10 @@ import numpy as np
 import torch
 
 from engine.cpu import ggml_kernels
+from engine.families import FAMILIES, family_for_gguf
 from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES, GGUF_TERNARY_SUFFIXES
 from engine.loader.gguf_reader import GgufFile, GgufTensor
-
-# Architectures whose q/k rows llama.cpp permuted at conversion (Qwen2 uses NEOX rope: untouched).
-_PERMUTED_QK_ARCHITECTURES = {"llama"}
+from engine.model_config import ROPE_FREQS_TENSOR
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -48,9 +47,7 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-    "attn_sub_norm": "self_attn.attn_sub_norm",  # BitNet
-    "ffn_sub_norm": "mlp.ffn_sub_norm",
-}
+} | {part: module for family in FAMILIES for part, module in family.gguf_layer_tensors.items()}
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # GGML type name -> the name suffix its raw blocks are passed on under (see QuantizedTensors).
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
@@ -81,6 +78,15 @@ def _release(reader: GgufFile, tensor: GgufTensor) -> None:
 def read_metadata(reader: GgufFile) -> dict[str, Any]:
     """Every key/value in the file, as Python values (strings, numbers, lists)."""
     return reader.metadata()
+
+
+def rope_freq_factors(reader: GgufFile) -> list[float] | None:
+    """The values of the file's ``rope_freqs`` tensor (Llama 3.1's rope scaling), None without one.
+    They go into the model's config, not its weights: :func:`iter_tensors` skips the tensor."""
+    for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS_TENSOR:
+            return [float(v) for v in dequantize(tensor).reshape(-1)]
+    return None
 
 
 def hf_tensor_name(gguf_name: str) -> str:
@@ -143,9 +149,11 @@ def iter_tensors(
     ``keep_blocks``, the tensors :func:`_kept_blocks` picks come as their blocks too, as views of the
     file, named ``<module>.ggml_blocks_<type>`` (``engine/layers/ggml_linear.py`` runs them).
     """
-    permuted = architecture in _PERMUTED_QK_ARCHITECTURES
+    permuted = family_for_gguf(architecture).gguf_qk_permuted
     tied = "output.weight" not in {t.name for t in reader.tensors}
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS_TENSOR:
+            continue  # read into the config (rope_freq_factors)
         name = hf_tensor_name(tensor.name)
         type_name = tensor.tensor_type.name
         packed_suffix = (_INT4_SUFFIX_BY_TYPE.get(type_name) if keep_int4 else None) or (

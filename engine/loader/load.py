@@ -30,6 +30,7 @@ from engine.loader.ggml_modules import GgmlBlocks
 from engine.loader.progress import ProgressBar
 from engine.model_config import ModelConfig
 from engine.models import model_class_for
+from engine.models.llama import LlamaForCausalLM
 from engine.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -174,7 +175,9 @@ def _open(path: str | Path | None) -> _Checkpoint:
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
         metadata = gguf_file.read_metadata(reader)
-        config = ModelConfig.from_gguf_metadata(metadata, {t.name for t in reader.tensors})
+        config = ModelConfig.from_gguf_metadata(
+            metadata, {t.name for t in reader.tensors}, gguf_file.rope_freq_factors(reader)
+        )
         architecture = metadata["general.architecture"]
         return _Checkpoint(
             path=path,
@@ -213,7 +216,7 @@ def _no_weight_init() -> Iterator[None]:
             setattr(nn.init, name, function)
 
 
-def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     with torch.device("meta"), _no_weight_init():
         model = model_class_for(config)(config)
     model = _materialize(model, device, dtype)
@@ -223,7 +226,7 @@ def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) 
     return model
 
 
-def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def _materialize(model: LlamaForCausalLM, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
     """The meta model's tensors as uninitialised ones on ``device``, floating ones in ``dtype``: what
     ``to_empty(device).to(dtype)`` does, without going through torch's meta-tensor references
     (``empty_like`` of a meta tensor imports torch.fx's symbolic shapes, and with it sympy: 32 MB
@@ -238,7 +241,7 @@ def _materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> 
 
 
 def _load_weights(
-    model: nn.Module,
+    model: LlamaForCausalLM,
     tensors: Iterator[tuple[str, torch.Tensor]],
     bar: ProgressBar | None,
     packed_parameters: Callable[[], set[str]] = set,

@@ -21,7 +21,13 @@ from engine.model_config import ModelConfig
 from engine.tokenizer import Tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
-_HF_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2"}
+_HF_MODEL_TYPES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "SmolLM3ForCausalLM": "smollm3",
+}
 # Files of a source directory that describe its weights: written anew, never copied.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _WEIGHT_FILES = {"config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json"}
@@ -33,6 +39,9 @@ def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
     model_type = _HF_MODEL_TYPES.get(config.architecture)
     if model_type is None:
         raise ValueError(f"cannot write a Hugging Face config for {config.architecture}")
+    if config.rope_freq_factors is not None:
+        # transformers' llama3 parameters cannot be recovered from the divisors alone
+        raise ValueError("cannot write a Hugging Face config for a GGUF's rope_freqs (llama3 rope) tensor")
     out: dict[str, Any] = {
         "architectures": [config.architecture],
         "model_type": model_type,
@@ -54,11 +63,16 @@ def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
     }
     if model_type == "qwen2":
         out["use_sliding_window"] = False
+    elif model_type == "qwen3":
+        out["use_sliding_window"] = False
+        out["attention_bias"] = config.attention_bias
     else:
         if config.attention_bias != config.attention_out_bias:
             raise ValueError(f"{config.architecture} configs cannot say q/k/v bias without o_proj bias")
         out["attention_bias"] = config.attention_bias
         out["mlp_bias"] = config.mlp_bias
+    if model_type == "smollm3":
+        out["no_rope_layers"] = [int(i not in config.nope_layers) for i in range(config.num_hidden_layers)]
     return out
 
 

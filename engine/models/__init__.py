@@ -1,23 +1,17 @@
-"""Model classes by Hugging Face architecture name."""
+"""Model classes by the model code a family names (``engine/families``, ``Family.model``)."""
 
 from __future__ import annotations
 
-from torch import nn
-
+from engine.families import family_for_hf
 from engine.model_config import ModelConfig
 from engine.models.bitnet import BitNetForCausalLM
 from engine.models.llama import LlamaForCausalLM
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": LlamaForCausalLM,
-    "Qwen2ForCausalLM": LlamaForCausalLM,
-    "BitNetForCausalLM": BitNetForCausalLM,
+MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
+    "llama": LlamaForCausalLM,
+    "bitnet": BitNetForCausalLM,
 }
 
 
-def model_class_for(config: ModelConfig) -> type[nn.Module]:
-    try:
-        return MODEL_CLASSES[config.architecture]
-    except KeyError:
-        raise ValueError(f"no model class for architecture {config.architecture!r}") from None
+def model_class_for(config: ModelConfig) -> type[LlamaForCausalLM]:
+    return MODEL_CLASSES[family_for_hf(config.architecture).model]

@@ -98,6 +98,13 @@ def ternary_weights_from_checkpoint(
             f"packed BitNet weights without a weight_scale: {sorted(packed.keys() ^ scales.keys())[:3]}"
         )
     return {
-        module: ternary_from_bitnet(weight, scales[module], model.get_submodule(module).out_features)
+        module: ternary_from_bitnet(weight, scales[module], _out_features(model, module))
         for module, weight in packed.items()
     }
+
+
+def _out_features(model: nn.Module, name: str) -> int:
+    linear = model.get_submodule(name)
+    if not isinstance(linear, nn.Linear):
+        raise ValueError(f"packed BitNet weights for {name!r}, which is not a linear layer")
+    return linear.out_features

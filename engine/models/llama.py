@@ -1,4 +1,7 @@
-"""Llama-family decoder (Llama, Mistral, Qwen2) over one flat batch of tokens.
+"""Llama-family decoder (Llama, Mistral, Qwen2, Qwen3, SmolLM3) over one flat batch of tokens.
+
+The families' differences are per layer and declared in ``engine/families``: Qwen3's per-head
+q/k RMSNorm (``q_norm``/``k_norm``) and SmolLM3's NoPE layers (``rotary`` False).
 
 Parameter names follow Hugging Face (`model.layers.N.self_attn.q_proj.weight`), so a HF state
 dict loads as is. Projections are plain `nn.Linear` so quantized linears can be swapped in after
@@ -39,6 +42,10 @@ class LlamaAttention(nn.Module):
         self.qkv_proj: nn.Module | None = None
         """q, k and v stacked into one linear by :meth:`fuse_projections` (then the three are gone)."""
         self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, scale=self.head_dim**-0.5)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.rotary = True
+        """False on a NoPE layer (set by :class:`LlamaModel` from ``ModelConfig.nope_layers``)."""
 
     def fuse_projections(self) -> bool:
         if self.qkv_proj is None:
@@ -54,11 +61,18 @@ class LlamaAttention(nn.Module):
             q = self.q_proj(hidden).view(tokens, heads, self.head_dim)
             k = self.k_proj(hidden).view(tokens, kv_heads, self.head_dim)
             v = self.v_proj(hidden).view(tokens, kv_heads, self.head_dim)
-            return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-        # One GEMM, and q and k side by side in its output: one rotary over both.
-        qkv = self.qkv_proj(hidden).view(tokens, heads + 2 * kv_heads, self.head_dim)
-        qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)
-        return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+        else:
+            qkv = self.qkv_proj(hidden).view(tokens, heads + 2 * kv_heads, self.head_dim)
+            if self.q_norm is None and self.rotary:
+                # q and k side by side in the GEMM's output: one rotary over both.
+                qk = apply_rotary(qkv[:, : heads + kv_heads], cos, sin)
+                return qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads :]
+            q, k, v = qkv[:, :heads], qkv[:, heads : heads + kv_heads], qkv[:, heads + kv_heads :]
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.rotary:
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        return q, k, v
 
     def forward(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         out = self.attn(*self.rotated_qkv(hidden, cos, sin))
@@ -104,13 +118,13 @@ DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 
 class LlamaDecoderLayer(nn.Module):
     # Variants (BitNet) swap the blocks through these attributes; the layer's wiring stays one piece of code.
-    attention_cls: type[nn.Module] = LlamaAttention
-    mlp_cls: type[nn.Module] = LlamaMLP
+    attention_cls: type[LlamaAttention] = LlamaAttention
+    mlp_cls: type[LlamaMLP] = LlamaMLP
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.self_attn = self.attention_cls(config)
-        self.mlp = self.mlp_cls(config)
+        self.self_attn: LlamaAttention = self.attention_cls(config)
+        self.mlp: LlamaMLP = self.mlp_cls(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -127,8 +141,16 @@ class LlamaModel(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(self.layer_cls(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        for index in config.nope_layers:
+            attention = self.layers[index].get_submodule("self_attn")
+            assert isinstance(attention, LlamaAttention)
+            attention.rotary = False
         self.rotary_emb = RotaryEmbedding(
-            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+            config.head_dim,
+            config.max_position_embeddings,
+            config.rope_theta,
+            config.rope_scaling,
+            config.rope_freq_factors,
         )
         self.decode_kernel: DecodeKernel | None = None
         """Set on the float32 CPU fast path: every layer in one C call for a step of decode rows only
@@ -150,12 +172,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    model_cls: type[nn.Module] = LlamaModel
+    model_cls: type[LlamaModel] = LlamaModel
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
-        self.model = self.model_cls(config)
+        self.model: LlamaModel = self.model_cls(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 

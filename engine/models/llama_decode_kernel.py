@@ -15,6 +15,7 @@ from __future__ import annotations
 import ctypes
 import itertools
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -72,6 +73,9 @@ class _Layer(ctypes.Structure):
         ("attn_sub_norm", ctypes.c_void_p),  # BitNet only, else NULL
         ("ffn_sub_norm", ctypes.c_void_p),
         ("relu2", ctypes.c_int32),
+        ("q_norm", ctypes.c_void_p),  # Qwen3 only, else NULL
+        ("k_norm", ctypes.c_void_p),
+        ("rotary", ctypes.c_int32),  # 0 on a NoPE layer (SmolLM3)
     ]
 
 
@@ -81,7 +85,25 @@ def _on_c_kernel(linear: nn.Module | None) -> bool:
     return getattr(linear, "format", None) in _FORMATS
 
 
-def _linear(module: nn.Module, keep: list[_Linear]) -> _Linear:
+class _CKernelLinear(Protocol):
+    """What a linear on a C kernel holds (``GgmlLinear``, ``Q4CpuLinear``, ``TernaryCpuLinear``, a
+    ``StackedLinear`` of them): what :func:`supports` checked with :func:`_on_c_kernel`."""
+
+    qweight: torch.Tensor
+    scales: torch.Tensor | None
+    bias: torch.Tensor | None
+    out_features: int
+    in_features: int
+    format: str
+
+
+def _c_linear(module: nn.Module | None) -> _CKernelLinear:
+    if module is None:
+        raise cpu_kernels.KernelError("the decoder layer kernel needs q/k/v and gate/up stacked")
+    return cast(_CKernelLinear, module)
+
+
+def _linear(module: nn.Module | None, keep: list[_Linear]) -> _Linear:
     """The C struct of a linear; a StackedLinear's parts chained through ``next``, their structs
     appended to ``keep`` (the caller holds them as long as the layers' structs)."""
 
@@ -94,16 +116,17 @@ def _linear(module: nn.Module, keep: list[_Linear]) -> _Linear:
         for struct, following in itertools.pairwise(structs):
             struct.next = ctypes.pointer(following)
         return structs[0]
+    linear = _c_linear(module)
     return _Linear(
-        address(module.qweight),
-        address(module.scales),
-        address(getattr(module, "mins", None)),
-        address(module.bias),
-        module.out_features,
-        module.in_features,
-        _FORMATS[module.format],
+        address(linear.qweight),
+        address(linear.scales),
+        address(getattr(linear, "mins", None)),
+        address(linear.bias),
+        linear.out_features,
+        linear.in_features,
+        _FORMATS[linear.format],
         None,
-        address(getattr(module, "row_scales", None)),
+        address(getattr(linear, "row_scales", None)),
     )
 
 
@@ -115,13 +138,18 @@ _LAYER_TYPES = {
 
 def supports(layer: nn.Module) -> bool:
     """Whether the C layer computes exactly what ``layer``'s torch path does."""
-    if type(layer) not in _LAYER_TYPES:
+    if type(layer) not in _LAYER_TYPES or not isinstance(layer, LlamaDecoderLayer):
         return False
     attention, mlp = layer.self_attn, layer.mlp
     if isinstance(layer, BitNetDecoderLayer):
+        if not isinstance(attention, BitNetAttention) or not isinstance(mlp, BitNetMLP):
+            return False
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
             return False
+    head_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
+    if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in head_norms):
+        return False  # the struct holds one eps, and the C path calls the C norm
     return (
         (type(attention), type(mlp)) == _LAYER_TYPES[type(layer)]
         and _on_c_kernel(attention.qkv_proj)
@@ -153,13 +181,22 @@ def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
         attention.num_heads,
         attention.num_kv_heads,
         attention.head_dim,
-        mlp.gate_up_proj.out_features // 2,
+        _c_linear(mlp.gate_up_proj).out_features // 2,
         k_cache.data_ptr(),
         v_cache.data_ptr(),
         int(k_cache.dtype == torch.float16),
         k_cache.shape[1],
         *_bitnet_fields(layer),
+        *_head_norms(attention),
+        int(attention.rotary),
     )
+
+
+def _head_norms(attention: LlamaAttention) -> tuple[int | None, int | None]:
+    """Qwen3's per-head q and k norms' weights; NULLs for a layer without them."""
+    if attention.q_norm is None or attention.k_norm is None:
+        return None, None
+    return attention.q_norm.weight.data_ptr(), attention.k_norm.weight.data_ptr()
 
 
 def _bitnet_fields(layer: LlamaDecoderLayer) -> tuple[int | None, int | None, int]:

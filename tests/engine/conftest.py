@@ -44,7 +44,7 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                 "factor": 8.0,
                 "low_freq_factor": 1.0,
                 "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
+                "original_max_position_embeddings": 128,
             }
         },
     ),
@@ -54,6 +54,25 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama_tied_gqa": (
         "LlamaConfig",
         {"tie_word_embeddings": True, "num_key_value_heads": 1, "attention_bias": True, "mlp_bias": True},
+    ),
+    # Per-head q/k RMSNorm; head_dim 32 where hidden / heads is 16.
+    "qwen3": (
+        "Qwen3Config",
+        {"head_dim": 32, "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+    ),
+    # Layer 3 of 4 without rotary (NoPE), YaRN: at head_dim 16 its ramp spans pairs 0-3 of 8.
+    "smollm3": (
+        "SmolLM3Config",
+        {
+            "num_hidden_layers": 4,
+            "pad_token_id": None,
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 10000.0,
+                "factor": 4.0,
+                "original_max_position_embeddings": 128,
+            },
+        },
     ),
 }
 # Variants saved as several safetensors shards with an index json.

@@ -80,9 +80,16 @@ def test_sliding_window_caps_the_context() -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"architectures": ["GPT2LMHeadModel"]}, "unsupported architecture"),
+        (
+            {"architectures": ["GPT2LMHeadModel"]},
+            r"unsupported architecture 'GPT2LMHeadModel'; supported: .*Qwen3ForCausalLM.*SmolLM3ForCausalLM"
+            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, bitnet \(GGUF\)$",
+        ),
         ({"architectures": []}, "names no architecture"),
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope scaling 'yarn'"),
+        (
+            {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
+            "unsupported rope scaling 'longrope'; supported: default, linear, llama3, yarn$",
+        ),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
     ],
@@ -148,5 +155,9 @@ def test_gguf_metadata_errors() -> None:
         ModelConfig.from_gguf_metadata(metadata, {"rope_freqs.weight"})
     with pytest.raises(ValueError, match="unsupported GGUF architecture 'gemma'"):
         ModelConfig.from_gguf_metadata({"general.architecture": "gemma"}, set())
-    with pytest.raises(ValueError, match="unsupported GGUF rope scaling 'yarn'"):
+    with pytest.raises(
+        ValueError, match="unsupported GGUF rope scaling 'longrope'; supported: none, linear, yarn"
+    ):
+        ModelConfig.from_gguf_metadata({**metadata, "llama.rope.scaling.type": "longrope"}, set())
+    with pytest.raises(ValueError, match=r"'yarn' without rope\.scaling\.factor"):
         ModelConfig.from_gguf_metadata({**metadata, "llama.rope.scaling.type": "yarn"}, set())

@@ -160,9 +160,15 @@ def test_tiny_variants_cover_the_features(tiny_pair: tuple[LoadedModel, Any]) ->
         assert config.attention_bias and not config.attention_out_bias
         assert (Path(loaded.path) / "model.safetensors.index.json").exists()
     if config.rope_scaling is not None:
-        assert config.rope_scaling["rope_type"] == "llama3"
+        expected = "yarn" if config.architecture == "SmolLM3ForCausalLM" else "llama3"
+        assert config.rope_scaling["rope_type"] == expected
+    if config.architecture == "Qwen3ForCausalLM":
+        assert config.qk_norm and config.head_dim * config.num_attention_heads != config.hidden_size
+    if config.architecture == "SmolLM3ForCausalLM":
+        assert config.nope_layers == (3,) and not loaded.model.model.layers[3].self_attn.rotary
     if config.tie_word_embeddings:
         assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
+    if config.tie_word_embeddings and config.architecture == "LlamaForCausalLM":
         assert config.num_key_value_heads == 1 < config.num_attention_heads
 
 

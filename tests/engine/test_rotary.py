@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_inv_freq
+from engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_attention_factor, rope_inv_freq
 
 ROPE_PARAMETERS: list[dict[str, Any]] = [
     {"rope_type": "default", "rope_theta": 10000.0},
@@ -20,13 +20,43 @@ ROPE_PARAMETERS: list[dict[str, Any]] = [
         "high_freq_factor": 4.0,
         "original_max_position_embeddings": 8192,
     },
+    # YaRN: as Qwen3's long-context config, and with each of its optional parameters.
+    {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 4.0, "original_max_position_embeddings": 32768},
+    {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 8.0,
+        "original_max_position_embeddings": 2048,
+        "beta_fast": 16.0,
+        "beta_slow": 2.0,
+        "truncate": False,
+    },
+    {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 40.0,
+        "original_max_position_embeddings": 4096,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.707,
+    },
+    {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 2.0,
+        "original_max_position_embeddings": 4096,
+        "attention_factor": 1.25,
+    },
 ]
 
 
 def hf_config(params: dict[str, Any]) -> Any:
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=512, num_attention_heads=4, rope_parameters=dict(params))
+    # the context YaRN's factor implies, so that transformers warns of no mismatch
+    context = int(params.get("original_max_position_embeddings", 2048) * params.get("factor", 1))
+    return LlamaConfig(
+        hidden_size=512, num_attention_heads=4, max_position_embeddings=context, rope_parameters=dict(params)
+    )
 
 
 def our_scaling(params: dict[str, Any]) -> dict[str, Any] | None:
@@ -44,7 +74,8 @@ def test_inv_freq_matches_transformers(params: dict[str, Any]) -> None:
         expected, _ = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
     else:
         expected, factor = ROPE_INIT_FUNCTIONS[params["rope_type"]](config, "cpu")
-        assert factor == 1.0  # no attention scaling for these types
+        assert rope_attention_factor(our_scaling(params)) == pytest.approx(factor, rel=1e-12)
+        assert (factor == 1.0) == (params["rope_type"] != "yarn")  # YaRN scales cos and sin
     ours = rope_inv_freq(128, params["rope_theta"], our_scaling(params))
     torch.testing.assert_close(ours, expected, rtol=0, atol=0)
 

@@ -115,8 +115,7 @@ class QuantizedTensors:
         """(module, weight) one at a time: a ternary weight unpacked to one int8 a value exists for one
         module at a time, not for the whole model."""
         for module, parts in self.tensors.items():
-            linear = model.get_submodule(module)
-            shape = (linear.out_features, linear.in_features)
+            shape = _linear_shape(model.get_submodule(module))
             if self.method == "int4" and parts.keys() & GGUF_TERNARY_SUFFIXES.keys():
                 suffix = next(s for s in parts if s in GGUF_TERNARY_SUFFIXES)
                 _check_parts(module, parts, (suffix,))
@@ -162,3 +161,10 @@ def apply_quantization(
         install_quantized_weights(model, packed.weights(model, quant_config), ternary_kernel=ternary_kernel)
     else:
         quantize_linears(model, "int4" if method == "int4" else "bitnet", group_size=group_size)
+
+
+def _linear_shape(linear: nn.Module) -> tuple[int, int]:
+    """(out_features, in_features) of the linear a checkpoint's packed weight replaces."""
+    if not isinstance(linear, nn.Linear):
+        raise ValueError(f"a packed weight for {type(linear).__name__}, which is not a linear layer")
+    return linear.out_features, linear.in_features
