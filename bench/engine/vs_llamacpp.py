@@ -92,7 +92,7 @@ def servers(args: argparse.Namespace, logs: Path) -> Iterator[tuple[int, int]]:
 def load(args: argparse.Namespace, port: int, server: str, *extra: str) -> None:
     argv = [f"--url=http://127.0.0.1:{port}", f"--server={server}", "--ignore-eos", "--stream-usage"]
     argv += [f"--max-tokens={args.max_tokens}", *extra]
-    if args.out is not None:
+    if args.out is not None and not any(a.startswith("--out=") for a in extra):
         argv.append(f"--out={args.out}")
     openai_load.main(argv)
 

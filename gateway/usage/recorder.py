@@ -139,7 +139,10 @@ class UsageRecorder:
             if not await self.flush():  # Postgres is down: the rest stays on disk for the next start
                 rest, self._buffer = self._buffer, []
                 USAGE_QUEUE.dec(len(rest))
-                log.warning("%d usage records stay in the journal for the next start", len(rest))
+                if self.journal.disabled:  # nowhere on disk to keep them (said at start)
+                    log.error("%d usage records lost: Postgres is down and the journal disabled", len(rest))
+                else:
+                    log.warning("%d usage records stay in the journal for the next start", len(rest))
         self.journal.close(done_seq=self._done_seq)
 
     # ------------------------------------------------------------ flushing

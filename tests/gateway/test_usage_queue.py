@@ -8,13 +8,14 @@ import os
 import random
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
-from test_usage import count_rows, db, make_record  # noqa: F401  (db: the fixture)
+from sqlalchemy import pool, text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from test_usage import count_rows, make_record
 
 from gateway.metrics import USAGE_QUARANTINED
 from gateway.usage.config import UsageSettings
@@ -23,6 +24,13 @@ from gateway.usage.recorder import UsageRecorder
 from gateway.usage.schemas import UsageRecord
 
 pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(database_url, poolclass=pool.NullPool)
+    yield engine
+    await engine.dispose()
 
 
 def write_old_spool_file(directory: Path, records: list[UsageRecord]) -> Path:
@@ -36,7 +44,7 @@ def write_old_spool_file(directory: Path, records: list[UsageRecord]) -> Path:
     return directory / name
 
 
-async def test_an_old_spool_file_is_replayed_once_on_upgrade(db: AsyncEngine, tmp_path: Path) -> None:  # noqa: F811
+async def test_an_old_spool_file_is_replayed_once_on_upgrade(db: AsyncEngine, tmp_path: Path) -> None:
     rng = random.Random(31)
     records = [replace(make_record(rng), reasoning_tokens=7, end_user="u1") for _ in range(30)]
     spooled = write_old_spool_file(tmp_path / "spool", records)
@@ -62,7 +70,7 @@ async def test_an_old_spool_file_is_replayed_once_on_upgrade(db: AsyncEngine, tm
 
 async def test_a_dead_segment_postgres_rejects_is_quarantined_not_retried_forever(
     db: AsyncEngine,
-    tmp_path: Path,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     rng = random.Random(32)
     good = [make_record(rng) for _ in range(5)]
