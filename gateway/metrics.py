@@ -88,7 +88,18 @@ JOURNAL_SYNCED_RECORDS = Counter(
 )
 USAGE_FLUSH_ERRORS = Counter(
     "tern_usage_flush_errors_total",
-    "Usage batches Postgres did not take (spooled to disk, replayed later).",
+    "Usage batches Postgres did not take (kept in the journal, written again later).",
+    registry=REGISTRY,
+)
+USAGE_QUARANTINED = Counter(
+    "tern_usage_quarantined_lines_total",
+    "Usage journal lines Postgres rejected for their content (or that did not read), moved to rejected/.",
+    registry=REGISTRY,
+)
+USAGE_LEDGER_ABANDONED = Counter(
+    "tern_usage_ledger_recoveries_abandoned_total",
+    "Dead gateway processes whose cut streams on an engine were not billed from its ledger, by why.",
+    ["reason"],
     registry=REGISTRY,
 )
 ENGINE_HEALTHY = Gauge(

@@ -4,7 +4,7 @@
 ``app.state.gateway``. A route reads it through a small Protocol of its own domain that names only
 what it uses (``auth.deps.AuthState``, ``proxy.router.ProxyState``, ...), so no domain imports this
 module, which imports them all. Shutdown (SIGTERM, after uvicorn let in-flight requests finish)
-closes the parts in reverse: the usage buffer is flushed (or spooled to disk if Postgres is down), then
+closes the parts in reverse: the usage buffer is flushed (or left in its journal if Postgres is down), then
 the engine pool, Redis and the database.
 """
 
@@ -185,7 +185,7 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         # After a crash: bill the dead process's journal, then its cut streams; free what it held.
         usage_recorder.on_recovered += [LimitsRecovery(redis=redis, liveness=liveness), ledger_recovery]
         await usage_recorder.start()
-        stack.push_async_callback(usage_recorder.stop)  # flush (or spool) what was metered
+        stack.push_async_callback(usage_recorder.stop)  # flush what was metered (or leave it journaled)
         budget_alerts = BudgetAlerts(sessionmaker=sessionmaker, settings=AlertSettings())
         request_limiter = _request_limiter(
             db_engine=db_engine,

@@ -131,7 +131,8 @@ class Stack:
         self.cleanup = cleanup
         self.signals = signals
         self.env = dict(os.environ)
-        self.env.setdefault("TERN_USAGE_SPOOL_DIR", str(state.root / "spool" / "usage"))
+        if "TERN_USAGE_SPOOL_DIR" not in self.env:  # the deprecated name, if given, still decides
+            self.env.setdefault("TERN_USAGE_JOURNAL_DIR", str(state.root / "spool" / "usage" / "journal"))
         self.children: list[Child] = []
         self.pids: dict[str, int] = {}
         self.run_info: RunInfo | None = None

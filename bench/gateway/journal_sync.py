@@ -2,7 +2,7 @@
 
 The gateway answers a request only once its usage line is synced, so in a closed loop (the
 clients of ``tern bench gateway``) this wait is part of every answer's latency. For each syncer of
-``gateway.usage.journal_sync`` (a child process, kernel AIO, a thread), in turns: append a batch
+``gateway.usage.journal_sync`` (a child process, the thread), in turns: append a batch
 the size of a busy gateway's (16 lines of 300 bytes), sync it, wait ``--gap-ms``, ``--syncs``
 times; once with the event loop otherwise idle and once beside a busy loop (short Python steps
 that never block, as a saturated gateway's loop). Reports the sync's wait (p50, p90, ms), the event
@@ -90,7 +90,7 @@ async def measure(
 
 
 async def run(*, syncs: int, gap_s: float, rounds: int) -> dict[str, Any]:
-    kinds: list[SyncerKind] = ["process", "aio", "thread"]
+    kinds: list[SyncerKind] = ["process", "thread"]
     runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tern-journal-sync-", dir=".") as directory:
         for round_index in range(rounds):

@@ -3,7 +3,7 @@
 Every usage record is appended here before it goes to the in-memory buffer that feeds Postgres.
 Appends are group-committed: the lines of one event loop turn are written together (one ``write``,
 on the loop: the page cache takes it in microseconds), then they are synced (``fdatasync``, off the
-loop: kernel AIO or a thread, :mod:`gateway.usage.journal_sync`) while the next lines queue up; the
+loop: a child process or a thread, :mod:`gateway.usage.journal_sync`) while the next lines queue up; the
 next batch takes all of them at once, and under load no sooner than ``commit_interval_s`` after the
 previous sync began. So one sync serves every request that completed meanwhile, one future per
 batch is shared by all its requests, and a request waits for at most about two syncs (plus the
@@ -13,8 +13,11 @@ client saw complete is on disk.
 Files are segments, one open per process at a time (named ``<start ns>-<instance>.journal``), each
 locked with ``flock`` by its process while it lives: a lock that can be taken belongs to a dead
 process, and its segment is replayed (:mod:`gateway.usage.recorder`) by whoever takes it. A
-segment is deleted once it is closed and every record in it has reached Postgres (or the outage
-spool). Replays are idempotent: rows are keyed by request id and start time.
+segment is deleted once it is closed and every record in it has reached Postgres: while Postgres is
+down the segments stay, and a process stopped during an outage leaves them for the next one to
+replay. This is the only on-disk queue of usage. Replays are idempotent: rows are keyed by request id
+and start time. Records Postgres rejects for their content (not an outage) are moved to
+``rejected/`` (:func:`quarantine`), so they hold nothing else back.
 
 Besides finished records the journal holds in-flight snapshots (``{"in_flight": record}``) of
 streams whose upstream keeps no usage ledger; a snapshot without a finished record is what a dead
@@ -73,8 +76,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def encode(record: UsageRecord) -> bytes:
-    """One line (orjson writes the dataclass itself, datetimes in ISO 8601, 20x faster than
-    ``to_json``; ``UsageRecord.from_json`` reads it back)."""
+    """One line: the one encoding of a usage record on disk (orjson writes the dataclass itself, every
+    field, datetimes in ISO 8601, 20x faster than ``to_json``; ``UsageRecord.from_json`` reads it
+    back, and reads the lines of the retired spool too)."""
     return orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
 
 
@@ -253,7 +257,7 @@ class UsageJournal:
     # ------------------------------------------------------------ retiring
 
     def retire(self, done_seq: int) -> None:
-        """Delete closed segments whose records all reached Postgres or the spool (``<= done_seq``)."""
+        """Delete closed segments whose records all reached Postgres (``<= done_seq``)."""
         keep = []
         for segment in self._closed:
             if segment.last_seq <= done_seq and not self._unsynced(segment):
@@ -268,7 +272,7 @@ class UsageJournal:
 
     def close(self, *, done_seq: int) -> None:
         """At shutdown (after :meth:`drain`): delete every segment whose records are all stored,
-        release the rest."""
+        release the rest (their locks go with their descriptors): the next process replays them."""
         if self._syncer is not None:
             self._syncer.stop()
             self._syncer = None
@@ -320,29 +324,50 @@ def instance_of(path: Path) -> str:
     return path.name.removesuffix(SUFFIX).split("-", 1)[-1]
 
 
-def segments(directory: Path) -> list[Path]:
-    """Every segment, oldest first."""
+LEGACY_SUFFIX = ".jsonl"
+"""Batches the retired outage spool wrote (one JSON-lines file each): replayed once, like segments."""
+
+
+def segments(directory: Path, suffix: str = SUFFIX) -> list[Path]:
+    """Every segment (or, with ``LEGACY_SUFFIX``, every old spool file), oldest first."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.glob(f"*{SUFFIX}") if p.is_file())
+    return sorted(p for p in directory.glob(f"*{suffix}") if p.is_file())
 
 
-def read_segments(paths: list[Path]) -> list[UsageRecord]:
+def read_segments(paths: list[Path], unreadable: list[bytes] | None = None) -> list[UsageRecord]:
     """The records dead processes' segments hold: each finished request once, and for a stream with
     only in-flight snapshots the last one (estimated). Read together, since a stream's snapshots and
     its finished record may lie in different segments. A torn last line (the process died while
-    writing it) is skipped."""
+    writing it) is skipped; any other line that does not read goes to ``unreadable``."""
     finished: dict[str, UsageRecord] = {}
     in_flight: dict[str, UsageRecord] = {}
     for path in paths:
-        with open(path, "rb") as handle:
-            for line in handle:
-                try:
-                    data: dict[str, Any] = orjson.loads(line)
-                    snapshot = data.get("in_flight")
-                    record = UsageRecord.from_json(snapshot if isinstance(snapshot, dict) else data)
-                except (ValueError, TypeError, KeyError):
-                    continue
-                (in_flight if snapshot is not None else finished)[record.request_id] = record
+        lines = path.read_bytes().splitlines(keepends=True)
+        for number, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                data: dict[str, Any] = orjson.loads(line)
+                snapshot = data.get("in_flight")
+                record = UsageRecord.from_json(snapshot if isinstance(snapshot, dict) else data)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                if unreadable is not None and line.endswith(b"\n") and number < len(lines) - 1:
+                    unreadable.append(line)
+                continue
+            (in_flight if snapshot is not None else finished)[record.request_id] = record
     cut = [r for rid, r in in_flight.items() if rid not in finished]
     return [*finished.values(), *cut]
+
+
+def quarantine(directory: Path, lines: list[bytes], reason: str) -> Path:
+    """Set lines Postgres rejects (or that do not read) aside in ``rejected/`` for an operator, out
+    of every replay: fsynced before the segments they came from are deleted."""
+    target = directory / "rejected" / f"{time.time_ns():020d}-{os.getpid()}{SUFFIX}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "ab") as handle:
+        handle.write(b"".join(lines))
+        handle.flush()
+        os.fsync(handle.fileno())
+    log.error("%d usage lines moved aside to %s: %s", len(lines), target, reason)
+    return target

@@ -7,6 +7,13 @@ generated, which is at least what the client received. Rows the journal already 
 completed) keep theirs: both have the same request id and start time, and the insert skips
 duplicates. ``openai``-kind engines keep no ledger; their streams are billed from the journal's
 in-flight snapshots instead (``journal.py``).
+
+The rows are written through the recorder (:meth:`UsageRecorder.store`), so a row Postgres rejects is
+quarantined like a journal line, and a Postgres outage is waited out: the ledger, once read, is kept
+and written when Postgres answers, however long that takes. The recovery gives up on one decision
+only, logged and counted (``tern_usage_ledger_recoveries_abandoned_total``): the engine did not
+answer, or still ran one of the dead process's requests, for ``GIVE_UP_S`` (an engine that restarted
+lost its ledger with its memory).
 """
 
 from __future__ import annotations
@@ -15,22 +22,24 @@ import asyncio
 import contextlib
 import logging
 import time
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 
 import aiohttp
 
+from gateway.metrics import USAGE_LEDGER_ABANDONED
 from gateway.proxy.engine_pool import EnginePool, Upstream
 from gateway.proxy.outcome import CUT_BY_GATEWAY_STATUS
 from gateway.usage.recorder import Recovered, UsageRecorder
 from gateway.usage.schemas import UsageRecord
-from gateway.usage.service import write_batch
 from protocol.rpc import LEDGER_PATH, Ledger, LedgerEntry
 
 log = logging.getLogger(__name__)
 
 GIVE_UP_S = 120.0
-"""How long to keep asking an engine that is down or still running a dead process's request."""
+"""How long to keep asking an engine that is down or still running a dead process's request (a
+Postgres outage does not count: rows already read wait for it)."""
 RETRY_S = 0.5
+MAX_RETRY_S = 5.0
 
 
 def record_from_entry(entry: LedgerEntry) -> UsageRecord | None:
@@ -66,7 +75,6 @@ class LedgerRecovery:
         self.pool = pool
         self.recorder = recorder
         self._tasks: set[asyncio.Task[None]] = set()
-        self._known_months: set[date] = set()
 
     async def __call__(self, recovered: Recovered) -> None:
         for upstream in self.pool.upstreams:
@@ -84,36 +92,55 @@ class LedgerRecovery:
                 await task
 
     async def _recover(self, upstream: Upstream, instance: str) -> None:
-        deadline = time.monotonic() + GIVE_UP_S
+        records = await self._read(upstream, instance)
+        if not records:
+            return
+        delay = RETRY_S
         while True:
             try:
-                if await self._bill(upstream, instance):
-                    return
-            except Exception as exc:  # the engine or Postgres is away: ask again
-                log.info("ledger of %s for %s not read yet: %s", upstream.url, instance, exc)
-            if time.monotonic() > deadline:
-                log.error("gave up billing the streams %s cut on %s", instance, upstream.url)
-                return
-            await asyncio.sleep(RETRY_S)
-
-    async def _bill(self, upstream: Upstream, instance: str) -> bool:
-        """Store the dead process's requests on this engine; False while one is still running."""
-        async with upstream.session.get(LEDGER_PATH, params={"instance": instance}) as response:
-            if response.status != 200:
-                raise aiohttp.ClientResponseError(
-                    response.request_info, (), status=response.status, message="ledger refused"
-                )
-            ledger = Ledger.model_validate_json(await response.read())
-        if any(e.state == "running" for e in ledger.entries):
-            return False
-        records = [r for e in ledger.entries if (r := record_from_entry(e)) is not None]
-        if not records:
-            return True
-        new = await write_batch(self.recorder.engine, records, known_months=self._known_months)
+                new = await self.recorder.store(records)
+                break
+            except Exception as exc:  # Postgres is down: the rows wait for it, however long
+                log.info("ledger rows of %s wait for Postgres: %s", instance, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RETRY_S)
         self.recorder.flushed += new
         log.warning(
             "billed %d requests a dead gateway (%s) cut on %s from its ledger", new, instance, upstream.url
         )
         if new:
             await self.recorder.recovered(Recovered(records, new))
-        return True
+
+    async def _read(self, upstream: Upstream, instance: str) -> list[UsageRecord]:
+        """The dead process's requests on this engine, once none of them runs; [] after giving up."""
+        deadline = time.monotonic() + GIVE_UP_S
+        reason = "engine_unreachable"
+        while True:
+            try:
+                ledger = await self._fetch(upstream, instance)
+                if not any(e.state == "running" for e in ledger.entries):
+                    return [r for e in ledger.entries if (r := record_from_entry(e)) is not None]
+                reason = "still_running"
+            except Exception as exc:  # the engine is away: ask again
+                reason = "engine_unreachable"
+                log.info("ledger of %s for %s not read yet: %s", upstream.url, instance, exc)
+            if time.monotonic() > deadline:
+                USAGE_LEDGER_ABANDONED.labels(reason).inc()
+                log.error(
+                    "gave up billing the streams %s cut on %s after %.0f s (%s)",
+                    instance,
+                    upstream.url,
+                    GIVE_UP_S,
+                    reason,
+                )
+                return []
+            await asyncio.sleep(RETRY_S)
+
+    @staticmethod
+    async def _fetch(upstream: Upstream, instance: str) -> Ledger:
+        async with upstream.session.get(LEDGER_PATH, params={"instance": instance}) as response:
+            if response.status != 200:
+                raise aiohttp.ClientResponseError(
+                    response.request_info, (), status=response.status, message="ledger refused"
+                )
+            return Ledger.model_validate_json(await response.read())

@@ -4,10 +4,14 @@
   ``record()`` returns the future the proxy awaits before an answer's last bytes. At start, and
   every ``replay_interval_s``, the segments of dead processes (a SIGKILLed gateway) are replayed.
 - A burst of requests becomes a few multi-row statements, not one transaction each.
-- When a flush fails (Postgres down), the batch goes to the on-disk :class:`Spool` and is replayed
-  once Postgres answers again. Nothing is lost; replays never double count (see service.py).
-- ``stop()`` (the app's lifespan shutdown, so SIGTERM) flushes what is left, spooling it if
-  Postgres is unreachable, so the next start replays it.
+- The journal is the only on-disk queue. When a flush fails (Postgres down), the batch goes back to
+  the front of the buffer and the journal's watermark waits, so its segments stay on disk; the
+  flush is retried every ``replay_interval_s``. Nothing is lost; replays never double count.
+- ``stop()`` (the app's lifespan shutdown, so SIGTERM) flushes what is left; if Postgres is
+  unreachable the rest stays in the journal's segments, released for the next start to replay.
+- Every write goes through :meth:`UsageRecorder.store`: rows Postgres rejects for their content
+  (not an outage) are quarantined one by one (``journal.quarantine``), the rest stored; the same
+  path takes dead processes' segments, old spool files and the engines' ledgers (``ledger.py``).
 """
 
 from __future__ import annotations
@@ -24,21 +28,22 @@ from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gateway.metrics import USAGE_FLUSH_ERRORS, USAGE_QUEUE
+from gateway.metrics import USAGE_FLUSH_ERRORS, USAGE_QUARANTINED, USAGE_QUEUE
 from gateway.usage.config import UsageSettings
 from gateway.usage.journal import (
+    LEGACY_SUFFIX,
     UsageJournal,
     claim,
     encode,
     encode_in_flight,
     instance_of,
+    quarantine,
     read_segments,
     segments,
 )
 from gateway.usage.partitions import maintain
 from gateway.usage.schemas import UsageRecord
 from gateway.usage.service import write_batch
-from gateway.usage.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -65,9 +70,8 @@ class UsageRecorder:
     ) -> None:
         self.engine = engine
         self.settings = settings
-        self.spool = Spool(settings.spool_dir)
         self.journal = UsageJournal(
-            settings.spool_dir / "journal",
+            settings.journal_path,
             instance_id=instance_id or uuid.uuid4().hex[:16],
             sync=settings.journal_fsync,
             commit_interval_s=settings.journal_commit_interval_ms / 1000,
@@ -75,7 +79,7 @@ class UsageRecorder:
         )
         self.on_recovered: list[RecoveryHook] = []
         self._done_seq = 0
-        """Journal sequence number up to which records reached Postgres or the spool."""
+        """Journal sequence number up to which records reached Postgres (the watermark)."""
         self._buffer: list[UsageRecord] = []
         self._wake = asyncio.Event()
         self._known_months: set[date] = set()
@@ -122,7 +126,8 @@ class UsageRecorder:
         ]
 
     async def stop(self) -> None:
-        """Drain: flush everything buffered (or spool it), then stop the background tasks."""
+        """Drain: flush everything buffered, then stop the background tasks. If Postgres is down the
+        rest stays in the journal: its segments are released, and the next start replays them."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -131,18 +136,20 @@ class UsageRecorder:
         self._tasks = []
         await self.journal.drain()
         while self._buffer:
-            if not await self.flush():  # Postgres is down: keep the rest on disk for the next start
+            if not await self.flush():  # Postgres is down: the rest stays on disk for the next start
                 rest, self._buffer = self._buffer, []
                 USAGE_QUEUE.dec(len(rest))
-                self.spool.write(rest)
-                self._stored(len(rest))
+                if self.journal.disabled:  # nowhere on disk to keep them (said at start)
+                    log.error("%d usage records lost: Postgres is down and the journal disabled", len(rest))
+                else:
+                    log.warning("%d usage records stay in the journal for the next start", len(rest))
         self.journal.close(done_seq=self._done_seq)
-        await self.replay()
 
     # ------------------------------------------------------------ flushing
 
     async def flush(self) -> bool:
-        """Write one batch. Returns False when Postgres failed and the batch went to the spool."""
+        """Write one batch. Returns False when Postgres failed: the batch waits at the front of the
+        buffer, and its journal segments stay on disk (the watermark does not pass it)."""
         async with self._flush_lock:
             batch = self._buffer[: self.settings.batch_size]
             if not batch:
@@ -150,25 +157,46 @@ class UsageRecorder:
             del self._buffer[: len(batch)]
             USAGE_QUEUE.dec(len(batch))
             try:
-                self.flushed += await write_batch(self.engine, batch, known_months=self._known_months)
-            except asyncio.CancelledError:  # stop() cancelled a flush in flight: it drains the batch
+                self.flushed += await self.store(batch)
+            except BaseException as exc:  # cancelled (stop() drains it) or Postgres is down
                 self._buffer[:0] = batch
                 USAGE_QUEUE.inc(len(batch))
-                raise
-            except Exception as exc:
+                if not isinstance(exc, Exception):
+                    raise
                 USAGE_FLUSH_ERRORS.inc()
-                self._known_months.clear()  # a partition may have been dropped meanwhile
-                path = self.spool.write(batch)
                 if self.postgres_ok:
-                    log.warning("usage flush failed, spooling to %s: %s", path, exc)
+                    log.warning("usage flush failed, kept in the journal until Postgres answers: %s", exc)
                 self.postgres_ok = False
-                self._stored(len(batch))
                 return False
+            self.postgres_ok = True
             self._stored(len(batch))
             return True
 
+    async def store(self, records: list[UsageRecord]) -> int:
+        """Write records to Postgres (idempotent); returns how many were new. Raises while Postgres
+        is down. A batch Postgres rejects for its content is written again one record at a time,
+        and the records it rejects are quarantined (logged and counted), so they hold nothing back."""
+        try:
+            return await write_batch(self.engine, records, known_months=self._known_months)
+        except Exception as exc:
+            await self._raise_if_outage(exc)
+        new = 0
+        for record in records:
+            try:
+                new += await write_batch(self.engine, [record], known_months=self._known_months)
+            except Exception as exc:
+                await self._raise_if_outage(exc)
+                quarantine(self.journal.directory, [encode(record)], f"rejected by Postgres: {exc}")
+                USAGE_QUARANTINED.inc()
+        return new
+
+    async def _raise_if_outage(self, exc: Exception) -> None:
+        self._known_months.clear()  # a partition may have been dropped meanwhile
+        if _is_outage(exc) or not await self._postgres_reachable():
+            raise exc
+
     def _stored(self, records: int) -> None:
-        """The oldest ``records`` of the journal reached Postgres or the spool."""
+        """The oldest ``records`` of the journal reached Postgres."""
         self._done_seq += records
         self.journal.retire(self._done_seq)
 
@@ -178,44 +206,18 @@ class UsageRecorder:
                 await asyncio.wait_for(self._wake.wait(), self.settings.flush_interval_s)
             self._wake.clear()
             while self._buffer:
-                ok = await self.flush()
-                if not ok or len(self._buffer) < self.settings.batch_size:
+                if not await self.flush():  # Postgres is down: try again a little later
+                    await asyncio.sleep(self.settings.replay_interval_s)
+                    break
+                if len(self._buffer) < self.settings.batch_size:
                     break
 
     # ------------------------------------------------------------ replay
-
-    async def replay(self) -> int:
-        """Replay spooled batches, oldest first; stops at the first outage. Returns batches replayed."""
-        replayed = 0
-        for path in self.spool.files():
-            try:
-                records = self.spool.read(path)
-            except (OSError, ValueError) as exc:
-                log.error("unreadable usage spool file %s moved aside: %s", path, exc)
-                self.spool.quarantine(path)
-                continue
-            try:
-                self.flushed += await write_batch(self.engine, records, known_months=self._known_months)
-            except Exception as exc:
-                self._known_months.clear()
-                if await self._postgres_reachable() and not _is_outage(exc):
-                    log.error("usage spool file %s rejected by Postgres, moved aside: %s", path, exc)
-                    self.spool.quarantine(path)
-                    continue
-                self.postgres_ok = False
-                return replayed
-            self.spool.remove(path)
-            replayed += 1
-        if replayed:
-            log.info("replayed %d spooled usage batches", replayed)
-        self.postgres_ok = True
-        return replayed
 
     async def _replay_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.replay_interval_s)
             try:
-                await self.replay()
                 await self.replay_journals()
             except Exception:
                 log.exception("usage replay failed")
@@ -224,28 +226,34 @@ class UsageRecorder:
         """Store what dead processes journaled (idempotent); returns the records new to Postgres.
 
         Every segment no live process holds is read together (a stream's snapshots and its
-        finished record may lie in different ones), written, then deleted. Raises when Postgres
-        fails: the segments stay for the next try."""
+        finished record may lie in different ones), written, then deleted; so are the batches a
+        gateway before the one queue spooled (``*.jsonl`` in the old spool directory, replayed once
+        on upgrade). Raises when Postgres is down: the files stay for the next try."""
+        legacy = segments(self.settings.legacy_spool_dir, LEGACY_SUFFIX)
         with contextlib.ExitStack() as claims:
             paths = [
                 path
-                for path in segments(self.journal.directory)
+                for path in [*segments(self.journal.directory), *legacy]
                 if not self.journal.owns(path) and claims.enter_context(claim(path))
             ]
             if not paths:
                 return 0
-            records = read_segments(paths)
+            unreadable: list[bytes] = []
+            records = read_segments(paths, unreadable)
             new = 0
             for start in range(0, len(records), self.settings.batch_size):
-                batch = records[start : start + self.settings.batch_size]
-                new += await write_batch(self.engine, batch, known_months=self._known_months)
+                new += await self.store(records[start : start + self.settings.batch_size])
+            if unreadable:
+                quarantine(self.journal.directory, unreadable, "unreadable")
+                USAGE_QUARANTINED.inc(len(unreadable))
             for path in paths:
                 path.unlink(missing_ok=True)
         self.flushed += new
         log.warning(
             "replayed the usage journal of a gateway that died: %d records, %d new", len(records), new
         )
-        await self.recovered(Recovered(records, new, frozenset(instance_of(p) for p in paths)))
+        dead = frozenset(instance_of(p) for p in paths if p not in legacy)
+        await self.recovered(Recovered(records, new, dead))
         return new
 
     async def recovered(self, recovered: Recovered) -> None:

@@ -13,7 +13,6 @@ import jsonschema
 import pytest
 import torch
 
-from bench.engine.speculative_ceiling import Unthrottled, priced, replay, step_cost_line
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import SamplingParams
 from engine.core.sequence import Sequence
@@ -239,22 +238,3 @@ def test_speculation_backs_off_and_large_batches_do_not_speculate() -> None:
     crowd = [decoding([1, 2, 1, 2, 1]) for _ in range(3)]
     speculator.propose(crowd, max_model_len=100)
     assert all(s.draft_token_ids == [] for s in crowd)
-
-
-def test_the_ceiling_replay_counts_the_steps_a_proposer_and_an_oracle_need() -> None:
-    """``tern bench speculative-ceiling`` prices replayed steps; the replay itself must be right."""
-    output = list(range(100, 110))
-    assert replay([1, 2, 3], output, oracle=4) == [4, 4]  # 5 tokens a step; the last step has room for 4
-    assert replay([1, 2, 3], output, oracle=0) == [0] * 10
-    speculator = NgramSpeculator(num_tokens=4, ngram_min=2, ngram_max=4, max_batch=4)
-    assert replay([1, 2, 3], output, speculator=speculator) == [0] * 10  # nothing to look up
-    prompt = [7, 8, *output, 9]
-    # the answer repeats the prompt: once "7 8" is out, its continuation is drafted and kept
-    assert replay(prompt, [7, 8, *output], speculator=speculator) == [0, 0, 4, 4]
-    # the bound with free draft rows drafts all the lookup finds, as far as max_tokens leaves room;
-    # after a rejected draft the lookup needs two tokens past it to match again
-    unthrottled = Unthrottled(num_tokens=32, ngram_min=2, ngram_max=4, max_batch=1)
-    assert replay(prompt, [7, 8, *output], speculator=unthrottled) == [0, 0, 9]
-    assert replay(prompt, [7, 8, 100, 101, 5, *output[2:]], speculator=unthrottled) == [0, 0, 10, 0, 0, 5]
-    assert priced([0, 1, 10], (1.0, 0.5)) == 1.0 + 1.5 + 6.0
-    assert step_cost_line([1.0, 1.6, 2.0]) == pytest.approx((1.03333, 0.5), abs=1e-4)

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.db import upgrade_database
 from gateway.usage.config import UsageSettings
+from gateway.usage.journal import read_segments, segments
 from gateway.usage.partitions import add_months, existing_partitions, maintain, month_floor
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.schemas import UsageRecord
@@ -186,12 +187,13 @@ async def test_postgres_outage_during_traffic_loses_nothing(
         await wait_for(lambda: _ready(lambda: count_rows(engine), 100))
         own_postgres.stop()  # pg_ctl stop -m fast, mid-traffic
         await traffic(150)
-        await wait_for(lambda: _true(bool(list(spool_dir.glob("*.jsonl")))))
-        assert not recorder.postgres_ok
+        await wait_for(lambda: _true(not recorder.postgres_ok))
+        assert recorder.pending >= 1  # the failed batches wait in the buffer, their segments on disk
+        assert segments(spool_dir / "journal")
         own_postgres.start()
         await traffic(50)
         await wait_for(lambda: _ready(lambda: count_rows(engine), 300))
-        await wait_for(lambda: _true(not list(spool_dir.glob("*.jsonl"))))
+        await wait_for(lambda: _true(recorder.pending == 0))
     finally:
         await recorder.stop()
     assert await count_rows(engine) == len(sent) == 300
@@ -201,7 +203,7 @@ async def test_postgres_outage_during_traffic_loses_nothing(
     await engine.dispose()
 
 
-async def test_records_spooled_at_shutdown_are_replayed_by_the_next_process(
+async def test_records_journaled_at_shutdown_are_replayed_by_the_next_process(
     own_postgres: PostgresServer, tmp_path: Path
 ) -> None:
     engine = create_async_engine(own_postgres.url("tern"), pool_pre_ping=True)
@@ -213,15 +215,15 @@ async def test_records_spooled_at_shutdown_are_replayed_by_the_next_process(
     for record in records:
         recorder.record(record)
     own_postgres.stop()
-    await recorder.stop()  # Postgres is down: the buffer goes to disk instead of being lost
-    assert len(list((tmp_path / "spool").glob("*.jsonl"))) >= 1
+    await recorder.stop()  # Postgres is down: the records stay in the journal instead of being lost
+    assert len(read_segments(segments(tmp_path / "spool" / "journal"))) == 40
 
     own_postgres.start()
     await engine.dispose()
     engine = create_async_engine(own_postgres.url("tern"), pool_pre_ping=True)
     successor = UsageRecorder(engine=engine, settings=settings)
-    assert await successor.replay() >= 1
-    assert await successor.replay() == 0
+    assert await successor.replay_journals() == 40
+    assert await successor.replay_journals() == 0
     assert await count_rows(engine) == 40
     await engine.dispose()
 

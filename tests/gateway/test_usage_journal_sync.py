@@ -1,16 +1,14 @@
-"""The usage journal's syncers: a child process (the default), kernel AIO (where Linux offers it) and
-the thread fallback answer alike, on the event loop, once every file is synced, and report a file that
-cannot be; a child process that is lost hands its batches to the in-process syncers."""
+"""The usage journal's two syncers: a child process (the default) and the thread fallback answer
+alike, on the event loop, once every file is synced, and report a file that cannot be; a child
+process that cannot start, or is lost, hands its batches to the thread."""
 
 from __future__ import annotations
 
 import asyncio
 import errno
 import os
-import platform
 import random
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -20,24 +18,13 @@ from test_usage import make_record
 from gateway.usage import journal_sync
 from gateway.usage.config import UsageSettings
 from gateway.usage.journal import UsageJournal, encode, read_segments, segments
-from gateway.usage.journal_sync import AioSyncer, ProcessSyncer, Syncer, ThreadSyncer, make_syncer
+from gateway.usage.journal_sync import ProcessSyncer, Syncer, ThreadSyncer
 
 pytestmark = pytest.mark.anyio
 
-AIO_EXPECTED = sys.platform.startswith("linux") and platform.machine() in ("x86_64", "aarch64")
-
-
-def aio_or_skip(loop: asyncio.AbstractEventLoop) -> AioSyncer:
-    try:
-        return AioSyncer(loop)
-    except OSError as exc:  # a sandbox that refuses io_setup: the thread serves there
-        pytest.skip(f"kernel AIO unavailable here: {exc}")
-
 
 def syncer_of(kind: str, loop: asyncio.AbstractEventLoop) -> Syncer:
-    if kind == "process":
-        return ProcessSyncer(loop)
-    return aio_or_skip(loop) if kind == "aio" else ThreadSyncer(loop)
+    return ProcessSyncer(loop) if kind == "process" else ThreadSyncer(loop)
 
 
 async def answer(syncer: Syncer, fds: tuple[int, ...]) -> tuple[BaseException | None, int]:
@@ -48,7 +35,7 @@ async def answer(syncer: Syncer, fds: tuple[int, ...]) -> tuple[BaseException | 
 
 
 async def test_a_sync_answers_on_the_loop_once_every_file_is_synced(tmp_path: Path) -> None:
-    for kind in ("process", "aio", "thread"):
+    for kind in ("process", "thread"):
         loop = asyncio.get_running_loop()
         syncer = syncer_of(kind, loop)
         fds = tuple(os.open(tmp_path / f"{kind}-{i}", os.O_WRONLY | os.O_CREAT) for i in range(3))
@@ -65,7 +52,7 @@ async def test_a_sync_answers_on_the_loop_once_every_file_is_synced(tmp_path: Pa
 
 async def test_a_file_that_cannot_be_synced_is_reported(tmp_path: Path) -> None:
     """A pipe has no fsync (EINVAL): the batch's waiters get the error, not a success."""
-    for kind in ("process", "aio", "thread"):
+    for kind in ("process", "thread"):
         loop = asyncio.get_running_loop()
         syncer = syncer_of(kind, loop)
         read_end, write_end = os.pipe()
@@ -80,23 +67,14 @@ async def test_a_file_that_cannot_be_synced_is_reported(tmp_path: Path) -> None:
                 os.close(fd)
 
 
-async def test_the_journal_syncs_through_kernel_aio_where_linux_has_it() -> None:
-    if not AIO_EXPECTED:
-        pytest.skip("kernel AIO is used on Linux x86_64 and aarch64")
-    aio_or_skip(asyncio.get_running_loop()).stop()
-    syncer = make_syncer(asyncio.get_running_loop(), "aio")
-    syncer.stop()
-    assert isinstance(syncer, AioSyncer)
-
-
-async def test_without_kernel_aio_the_journal_syncs_in_a_thread(
+async def test_without_a_sync_process_the_journal_syncs_in_a_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def refuse(self: AioSyncer, loop: asyncio.AbstractEventLoop) -> None:
-        raise OSError(errno.ENOSYS, "no AIO")
+    def refuse(self: ProcessSyncer, loop: asyncio.AbstractEventLoop) -> None:
+        raise OSError(errno.EAGAIN, "no process")
 
-    monkeypatch.setattr(journal_sync.AioSyncer, "__init__", refuse)
-    journal = UsageJournal(tmp_path, instance_id="thread", syncer="aio")
+    monkeypatch.setattr(journal_sync.ProcessSyncer, "__init__", refuse)
+    journal = UsageJournal(tmp_path, instance_id="thread", syncer="process")
     journal.open()
     rng = random.Random(16)
     records = [make_record(rng) for _ in range(5)]
@@ -104,6 +82,11 @@ async def test_without_kernel_aio_the_journal_syncs_in_a_thread(
     assert isinstance(journal._syncer, ThreadSyncer)
     journal.close(done_seq=0)
     assert [r.request_id for r in read_segments(segments(tmp_path))] == [r.request_id for r in records]
+
+
+def test_the_retired_aio_syncer_setting_means_the_thread(tmp_path: Path) -> None:
+    """A deployment that still says ``TERN_USAGE_JOURNAL_SYNCER=aio`` starts, on the thread."""
+    assert UsageSettings(spool_dir=tmp_path, journal_syncer="aio").journal_syncer == "thread"
 
 
 async def test_the_thread_syncer_can_be_chosen(tmp_path: Path) -> None:
