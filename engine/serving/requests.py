@@ -89,9 +89,20 @@ def engine_request(
     """Check and tokenise a wire request; raises :class:`RequestError` for bad input."""
     check_model(request, model_name)
     tools = active_tools(request)
+    prompt = tokenize(request, tokenizer)
+    if request.max_prompt_tokens is not None and len(prompt) > request.max_prompt_tokens:
+        # The gateway reserved fewer tokens than this prompt has: refused before any work, with the
+        # exact count, so the gateway can reserve it (or refuse the request) and send it again.
+        refusal = RequestError(
+            f"The prompt has {len(prompt)} tokens, more than the {request.max_prompt_tokens} reserved.",
+            kind=ErrorKind.PROMPT_OVER_RESERVATION,
+            param="messages" if request.messages is not None else "prompt",
+        )
+        refusal.prompt_tokens = len(prompt)
+        raise refusal
     return EngineRequest(
         request_id=request.request_id,
-        prompt_token_ids=tokenize(request, tokenizer),
+        prompt_token_ids=prompt,
         sampling=sampling_params(request.sampling),
         cache_namespace=request.cache_namespace,
         deadline=request.deadline,

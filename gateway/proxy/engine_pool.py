@@ -38,6 +38,9 @@ READ_BUFFER_BYTES = 1 << 20
 
 OPENAI_HEALTH_PATH = "/health"
 OPENAI_MODELS_PATH = "/v1/models"
+OPENAI_CHAT_PATH = "/v1/chat/completions"
+OVERHEAD_PROBE_TIMEOUT_S = 30.0
+"""A one-token generation, once per model of an ``openai`` engine: it may queue behind others."""
 
 
 class NoHealthyEngine(Exception):
@@ -116,6 +119,9 @@ class EnginePool:
         self.upstreams: list[Upstream] = []
         self._turn = itertools.count()
         self._prober: asyncio.Task[None] | None = None
+        self._overheads: dict[str, int] = {}
+        """Per served model: the most tokens its chat template adds around one empty user message, as
+        its engines report it (or as measured, for ``openai`` ones that do not)."""
 
     async def start(self) -> None:
         """Open the sessions, probe every engine once, then keep probing in the background."""
@@ -165,6 +171,9 @@ class EnginePool:
         if not upstream.healthy:
             log.info("engine %s is healthy (models: %s)", upstream.url, [m.id for m in models])
         upstream.models = tuple(models)
+        for m in models:
+            if m.prompt_overhead is not None and m.prompt_overhead > self._overheads.get(m.id, -1):
+                self._overheads[m.id] = m.prompt_overhead
         upstream.model_ids = frozenset(m.id for m in models)
         upstream.healthy = True
         upstream.last_error = None
@@ -192,7 +201,28 @@ class EnginePool:
                 raise RuntimeError(f"/v1/models answered HTTP {resp.status}")
             listed = ModelList.model_validate_json(await resp.read()).data
         names = self.model_names
-        return [m.model_copy(update={"id": names.served(m.id)}) for m in listed]
+        served = []
+        for m in listed:
+            update: dict[str, object] = {"id": names.served(m.id)}
+            if m.prompt_overhead is None and update["id"] not in self._overheads:
+                update["prompt_overhead"] = await self._measure_overhead(upstream, m.id)
+            served.append(m.model_copy(update=update))
+        return served
+
+    async def _measure_overhead(self, upstream: Upstream, model: str) -> int | None:
+        """The prompt tokens an ``openai`` engine reports for one empty user message: its chat
+        template's own tokens, for the prompt bound (``token_count.prompt_upper_bound``). Once per
+        model; None (tried again at the next probe) when the engine does not say."""
+        body = {"model": model, "messages": [{"role": "user", "content": ""}], "max_tokens": 1}
+        timeout = aiohttp.ClientTimeout(total=OVERHEAD_PROBE_TIMEOUT_S)
+        try:
+            async with upstream.session.post(OPENAI_CHAT_PATH, json=body, timeout=timeout) as resp:
+                usage = (await resp.json()).get("usage") if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("cannot measure the chat template of %s on %s: %s", model, upstream.url, exc)
+            return None
+        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return count if isinstance(count, int) else None
 
     def mark_unhealthy(self, upstream: Upstream, reason: str) -> None:
         """Take an engine out of the rotation until a probe succeeds again."""
@@ -217,6 +247,10 @@ class EnginePool:
                 for model in upstream.models:
                     seen.setdefault(model.id, model)
         return list(seen.values())
+
+    def prompt_overhead(self, model: str) -> int | None:
+        """Tokens ``model``'s chat template adds around one empty user message (None: unknown)."""
+        return self._overheads.get(model)
 
     def kind_for(self, model: str) -> EngineKind:
         """How to talk to the engines serving ``model``: ``openai`` if a healthy one of that kind
