@@ -18,7 +18,7 @@ from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
@@ -146,17 +146,20 @@ class RateLimiter:
             except REDIS_DOWN_ERRORS as exc:
                 self._mark_redis_down(exc)
         if limits.failure_policy == "closed":
-            limit_refusals_by("limiter_unavailable").inc()
-            raise OpenAIError(
-                503,
-                "Rate limiting is temporarily unavailable and this API key is configured to fail closed; "
-                "retry shortly.",
-                code="rate_limiter_unavailable",
-                headers={"retry-after": retry_after_seconds(int(self.settings.redis_retry_s * 1000))},
-            )
+            self._refuse_unavailable()
         await self._admit_local(admission)
         admission.backend = "local"
         return admission
+
+    def _refuse_unavailable(self) -> NoReturn:
+        limit_refusals_by("limiter_unavailable").inc()
+        raise OpenAIError(
+            503,
+            "Rate limiting is temporarily unavailable and this API key is configured to fail closed; "
+            "retry shortly.",
+            code="rate_limiter_unavailable",
+            headers={"retry-after": retry_after_seconds(int(self.settings.redis_retry_s * 1000))},
+        )
 
     async def _admit_redis(self, admission: Admission) -> None:
         args: list[Arg | Packed] = [
@@ -220,9 +223,11 @@ class RateLimiter:
             admission.tokens = admission.budget_tokens_left = admission.budget_nano_left = None
             try:
                 await self._run_admit_script(self._topup, admission, args, grown)
-            except REDIS_DOWN_ERRORS as exc:  # lost since admission: count it here from now on
+            except REDIS_DOWN_ERRORS as exc:  # lost since admission: as admission would do now
                 self._mark_redis_down(exc)
                 admission.tokens, admission.budget_tokens_left, admission.budget_nano_left = shown
+                if admission.limits.failure_policy == "closed":
+                    self._refuse_unavailable()
                 await self._admit_local_budgets(grown)
         elif admission.backend == "local":
             await self._admit_local_budgets(grown)
