@@ -238,7 +238,8 @@ class ModelInfo(BaseModel):
     prompt_overhead: int | None = None
     """Tokens the chat template adds to a conversation of one empty user message (its default system
     prompt included): what the gateway adds to its prompt estimate, so its reservation usually
-    covers the exact count and the engine never has to refuse."""
+    covers the exact count and the engine never has to refuse. A Tern engine that lists it checks
+    ``GenerateRequest.max_prompt_tokens`` (None: an engine from before, which does not)."""
 
 
 class ModelList(BaseModel):

@@ -73,12 +73,12 @@ def _request_error(exc: RequestError) -> JSONResponse:
     return JSONResponse(body, status_code=status)
 
 
-def prompt_overhead(engine: LLMEngine) -> int | None:
-    """Tokens the chat template adds to one empty user message (None: the model has no template)."""
-    try:
-        return len(engine.tokenizer.encode_chat([{"role": "user", "content": ""}]))
-    except Exception:  # no chat template: the gateway estimates without one
-        return None
+def prompt_overhead(engine: LLMEngine) -> int:
+    """Tokens the chat template adds to one empty user message (0: no template, plain prompts only).
+    Listing it also tells the gateway this engine checks ``max_prompt_tokens``."""
+    if engine.tokenizer.chat_template is None:
+        return 0
+    return len(engine.tokenizer.encode_chat([{"role": "user", "content": ""}]))
 
 
 def create_app(engine: LLMEngine) -> FastAPI:

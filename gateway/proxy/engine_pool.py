@@ -121,7 +121,10 @@ class EnginePool:
         self._prober: asyncio.Task[None] | None = None
         self._overheads: dict[str, int] = {}
         """Per served model: the most tokens its chat template adds around one empty user message, as
-        its engines report it (or as measured, for ``openai`` ones that do not)."""
+        its healthy engines report it (or as measured, for ``openai`` ones); absent when one of them
+        does not say (a Tern engine from before ``max_prompt_tokens``)."""
+        self._measured: dict[str, int] = {}
+        """``openai`` engines' overheads measured so far, by served model name: once per model."""
 
     async def start(self) -> None:
         """Open the sessions, probe every engine once, then keep probing in the background."""
@@ -171,13 +174,23 @@ class EnginePool:
         if not upstream.healthy:
             log.info("engine %s is healthy (models: %s)", upstream.url, [m.id for m in models])
         upstream.models = tuple(models)
-        for m in models:
-            if m.prompt_overhead is not None and m.prompt_overhead > self._overheads.get(m.id, -1):
-                self._overheads[m.id] = m.prompt_overhead
         upstream.model_ids = frozenset(m.id for m in models)
         upstream.healthy = True
         upstream.last_error = None
         engine_healthy_by(upstream.url).set(1)
+        self._refresh_overheads()
+
+    def _refresh_overheads(self) -> None:
+        """Worked out when the engines change, not per request (``prompt_overhead``)."""
+        reported: dict[str, int] = {}
+        unsaid: set[str] = set()
+        for upstream in self.upstreams:
+            for m in upstream.models if upstream.healthy else ():
+                if m.prompt_overhead is None:
+                    unsaid.add(m.id)
+                else:
+                    reported[m.id] = max(reported.get(m.id, 0), m.prompt_overhead)
+        self._overheads = {model: n for model, n in reported.items() if model not in unsaid}
 
     async def _probe_tern(self, upstream: Upstream) -> list[ModelInfo]:
         async with upstream.session.get(HEALTH_PATH, timeout=self._probe_timeout) as resp:
@@ -203,10 +216,11 @@ class EnginePool:
         names = self.model_names
         served = []
         for m in listed:
-            update: dict[str, object] = {"id": names.served(m.id)}
-            if m.prompt_overhead is None and update["id"] not in self._overheads:
-                update["prompt_overhead"] = await self._measure_overhead(upstream, m.id)
-            served.append(m.model_copy(update=update))
+            name = names.served(m.id)
+            overhead = m.prompt_overhead if m.prompt_overhead is not None else self._measured.get(name)
+            if overhead is None and (overhead := await self._measure_overhead(upstream, m.id)) is not None:
+                self._measured[name] = overhead
+            served.append(m.model_copy(update={"id": name, "prompt_overhead": overhead}))
         return served
 
     async def _measure_overhead(self, upstream: Upstream, model: str) -> int | None:
@@ -230,6 +244,7 @@ class EnginePool:
             log.warning("engine %s left the rotation: %s", upstream.url, reason)
         upstream.healthy = False
         upstream.last_error = reason
+        self._refresh_overheads()
         self.prefixes.forget(upstream)
         engine_healthy_by(upstream.url).set(0)
 
@@ -249,7 +264,8 @@ class EnginePool:
         return list(seen.values())
 
     def prompt_overhead(self, model: str) -> int | None:
-        """Tokens ``model``'s chat template adds around one empty user message (None: unknown)."""
+        """Tokens ``model``'s chat template adds around one empty user message; None: unknown, or
+        some engine serving it does not say (and, if a Tern engine, checks no reservation)."""
         return self._overheads.get(model)
 
     def kind_for(self, model: str) -> EngineKind:

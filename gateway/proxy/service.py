@@ -131,13 +131,15 @@ async def dispatch(
 
 def prompt_size(pool: EnginePool, request: OpenAIRequest) -> PromptSize:
     """What admission reserves the prompt from: for Tern engines an estimate plus the template's
-    tokens (the engine checks it against the exact count before any work); for ``openai``-kind
-    upstreams, which check nothing, a true upper bound (``token_count.prompt_upper_bound``)."""
+    tokens (the engine checks it against the exact count before any work); for engines that check
+    nothing (``openai``-kind upstreams), a true upper bound (``token_count.prompt_upper_bound``)."""
     overhead = pool.prompt_overhead(request.model)
-    if pool.kind_for(request.model) == "openai":
-        measured = UNMEASURED_OVERHEAD if overhead is None else overhead
-        return PromptSize(bound=prompt_upper_bound(request, measured))
-    return PromptSize(overhead=overhead or 0)
+    if overhead is not None and pool.kind_for(request.model) == "tern":
+        return PromptSize(overhead=overhead)
+    # An openai engine, or a Tern engine from before max_prompt_tokens (a rolling upgrade): no
+    # engine checks the reservation, so it must hold any prompt.
+    measured = UNMEASURED_OVERHEAD if overhead is None else overhead
+    return PromptSize(bound=prompt_upper_bound(request, measured))
 
 
 def capped_body(

@@ -94,7 +94,8 @@ class FakeEngine(ServedApp):
         return JSONResponse(HealthResponse(status="ok", model=self.model).model_dump())
 
     async def _models(self, _: Request) -> Response:
-        return JSONResponse(ModelList(data=[ModelInfo(id=self.model, max_model_len=2048)]).model_dump())
+        info = ModelInfo(id=self.model, max_model_len=2048, prompt_overhead=0)  # checks max_prompt_tokens
+        return JSONResponse(ModelList(data=[info]).model_dump())
 
     async def _metrics(self, _: Request) -> Response:
         return Response(self.metrics_text, media_type="text/plain; version=0.0.4")
