@@ -19,6 +19,7 @@ from gateway.limits.denials import TokensRefused
 from gateway.limits.schemas import RequestLimits, Scope
 from gateway.limits.service import RateLimiter
 from gateway.wiring import create_limits_redis
+from tern_stack.services import free_port
 
 pytestmark = pytest.mark.anyio
 
@@ -95,3 +96,24 @@ async def test_a_top_up_counts_in_the_tpm_window_and_is_told_when_it_can_never_f
     assert (refused.value.status, refused.value.code) == (429, "rate_limit_exceeded")
     await limiter.settle(admission, tokens=40)  # the real count replaces the topped-up reservation
     await limiter.admit(limits=window, reserve=60)
+
+
+async def test_a_top_up_while_redis_is_down_counts_in_the_local_share() -> None:
+    """Fail-open keys fall back to this process's share of the limits; a top-up grows it there."""
+    client: Redis = create_limits_redis(f"redis://127.0.0.1:{free_port()}")  # nothing listens
+    limiter = RateLimiter(redis=client, settings=LimitsSettings(), load_usage=nothing_used)
+    try:
+        window = RequestLimits(scopes=limits(tpm=100).scopes, failure_policy="open")
+        admission = await limiter.admit(limits=window, reserve=30)
+        assert admission.backend == "local"
+        with pytest.raises(OpenAIError) as refused:
+            await limiter.top_up(admission, tokens=101, nano=0)
+        assert refused.value.status == 400
+        await limiter.top_up(admission, tokens=100, nano=0)
+        with pytest.raises(OpenAIError) as refused:
+            await limiter.admit(limits=window, reserve=1)
+        assert refused.value.status == 429
+        await limiter.settle(admission, tokens=50)
+        await limiter.admit(limits=window, reserve=50)
+    finally:
+        await client.aclose()
