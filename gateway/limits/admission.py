@@ -23,6 +23,7 @@ from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission, RequestLimits
 from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.proxy.outcome import Admitted, PromptSize, RelayOutcome
+from gateway.proxy.token_count import prompt_upper_bound
 from gateway.reports.pricing import PriceBook
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
@@ -82,15 +83,15 @@ class RequestLimiter:
         rate-limit headers for the response and the request's ``max_tokens`` cap (the key's, else
         its tenant's ``max_tokens`` setting, else ``TERN_LIMITS_DEFAULT_MAX_TOKENS``).
 
-        The prompt is reserved at ``prompt.bound`` when the proxy has one (the engine cannot check
-        it), else at an estimate that the engine checks against the exact count before any work
+        The prompt is reserved at a true upper bound when ``prompt.bounded`` (the engine cannot check
+        a reservation), else at an estimate that the engine checks against the exact count before any work
         (:meth:`_top_up`). An estimate is never what refuses a request: one its estimate does not
         fit is admitted, if at all, on 0 prompt tokens, and its exact count then decides."""
         limits = await self.policies.for_request(key=key, model=request.model)
         cap = limits.max_tokens or self.limiter.settings.default_max_tokens
-        estimated = prompt.bound is None and limits.counts_tokens
-        if prompt.bound is not None:
-            prompt_tokens = prompt.bound
+        estimated = not prompt.bounded and limits.counts_tokens
+        if prompt.bounded:
+            prompt_tokens = prompt_upper_bound(request, prompt.overhead) if limits.counts_tokens else 0
         else:
             prompt_tokens = estimate_prompt_tokens(request)
             if isinstance(request, ChatCompletionRequest):

@@ -87,12 +87,12 @@ class PromptSize:
     """What the proxy knows of a request's prompt before admission, from the engines serving it."""
 
     overhead: int = 0
-    """Tokens the model's chat template adds to a conversation (Tern engines report it): part of the
-    estimate, so that the reservation usually covers the exact count."""
-    bound: int | None = None
-    """A true upper bound on the prompt's tokens, for engines that cannot check a reservation
-    (``openai``-kind upstreams); None: the engine counts the prompt before any work and refuses one
-    over what was reserved (:attr:`Admitted.prompt_tokens`)."""
+    """Tokens the model's chat template adds around one empty user message (its engines report or
+    were measured to add it): part of the estimate, or of the bound."""
+    bounded: bool = False
+    """No engine checks a reservation (``openai``-kind upstreams, Tern engines from before): reserve
+    a true upper bound (``token_count.prompt_upper_bound``). False: the engine counts the prompt
+    before any work and refuses one over what was reserved (:attr:`Admitted.prompt_tokens`)."""
 
 
 @dataclass(frozen=True, slots=True)

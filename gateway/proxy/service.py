@@ -18,7 +18,6 @@ from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, PromptSize
 from gateway.proxy.relay import BaseRelay, RelayResponse
 from gateway.proxy.responses_relay import ResponsesOpenAIRelay, ResponsesRelay
 from gateway.proxy.rpc_relay import Relay
-from gateway.proxy.token_count import prompt_upper_bound
 from protocol.openai.requests import OpenAIRequest
 from protocol.openai.responses_request import ResponsesRequest
 from protocol.rpc import ModelList
@@ -132,14 +131,13 @@ async def dispatch(
 def prompt_size(pool: EnginePool, request: OpenAIRequest) -> PromptSize:
     """What admission reserves the prompt from: for Tern engines an estimate plus the template's
     tokens (the engine checks it against the exact count before any work); for engines that check
-    nothing (``openai``-kind upstreams), a true upper bound (``token_count.prompt_upper_bound``)."""
+    nothing (``openai``-kind upstreams), a true upper bound (worked out only if a limit counts tokens)."""
     overhead = pool.prompt_overhead(request.model)
     if overhead is not None and pool.kind_for(request.model) == "tern":
         return PromptSize(overhead=overhead)
     # An openai engine, or a Tern engine from before max_prompt_tokens (a rolling upgrade): no
     # engine checks the reservation, so it must hold any prompt.
-    measured = UNMEASURED_OVERHEAD if overhead is None else overhead
-    return PromptSize(bound=prompt_upper_bound(request, measured))
+    return PromptSize(overhead=UNMEASURED_OVERHEAD if overhead is None else overhead, bounded=True)
 
 
 def capped_body(

@@ -15,8 +15,6 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import orjson
-
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
 log = logging.getLogger(__name__)
@@ -102,14 +100,14 @@ def prompt_upper_bound(request: OpenAIRequest, overhead: int) -> int:
 
     A byte-level BPE token (GPT-2, Llama 3, Qwen, SmolLM: the usual) covers at least one UTF-8 byte
     of the text it encodes, and a chat template writes each message's fields and the tool
-    definitions as text (JSON for tools and calls, no more compact than ``orjson``'s). So the tokens
+    definitions as text (JSON for tools and calls, no more compact than pydantic's). So the tokens
     are at most the bytes of the messages and tools as JSON (keys, quotes and braces cover each
     message's role markers) plus ``overhead``: the template's tokens around one empty user message
     (its default system prompt included), measured once per model. Token-id prompts count exactly."""
     if isinstance(request, ChatCompletionRequest):
-        size = sum(len(orjson.dumps(m.model_dump(exclude_none=True))) for m in request.messages)
-        if request.tools:
-            size += len(orjson.dumps([t.model_dump(exclude_none=True) for t in request.tools]))
+        # pydantic's own JSON: UTF-8 as is (no escapes), and any int (a schema's, say) serializes.
+        size = sum(len(m.model_dump_json(exclude_none=True)) for m in request.messages)
+        size += sum(len(t.model_dump_json(exclude_none=True)) for t in request.tools or ())
         return size + overhead
     prompt = request.prompt
     if isinstance(prompt, str):

@@ -23,3 +23,14 @@ def test_the_bound_covers_every_prompt_and_the_estimate_a_short_chat() -> None:
         assert exact <= prompt_upper_bound(request, overhead), body
         if len(body["messages"]) == 1 and "tools" not in body and body["messages"][0]["content"].isascii():
             assert exact <= estimate_prompt_tokens(request) + overhead, body
+
+
+def test_the_bound_takes_any_valid_request() -> None:
+    """JSON allows integers of any size (schemathesis sends them in tool schemas): still a count."""
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"maximum": 10**30}}}],
+    }
+    request = ChatCompletionRequest.model_validate(body)
+    assert prompt_upper_bound(request, 5) > len('{"maximum":1000000000000000000000000000000}') + 5
