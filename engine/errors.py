@@ -13,6 +13,7 @@ class ErrorKind(enum.Enum):
     MODEL_NOT_FOUND = "model_not_found"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     CONFLICT = "conflict"
+    PROMPT_OVER_RESERVATION = "prompt_over_reservation"
 
 
 class RequestError(ValueError):
@@ -25,6 +26,8 @@ class RequestError(ValueError):
         self.message = message
         self.kind = kind
         self.param = param
+        self.prompt_tokens: int | None = None
+        """For ``PROMPT_OVER_RESERVATION``: the prompt's exact token count."""
 
     @property
     def code(self) -> str:

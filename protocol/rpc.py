@@ -10,6 +10,10 @@ Wire format:
   A request that is invalid before any work starts (prompt longer than the
   context, unknown model) is answered with a non-200 status and an OpenAI-shaped
   error body ``{"error": {"message", "type", "param", "code"}}`` instead of a stream.
+  A prompt that tokenizes (chat template, tools and all) to more than the request's
+  ``max_prompt_tokens`` is refused that way with status :data:`PROMPT_OVER_RESERVATION_STATUS`,
+  code :data:`PROMPT_OVER_RESERVATION` and its exact count in ``error.prompt_tokens``: the gateway
+  reserves that many tokens against its limits (or refuses the request) and sends it again.
 - ``POST {RPC_PREFIX}/abort`` takes :class:`AbortRequest`; unknown ids are not an error.
 - ``GET {RPC_PREFIX}/health`` answers :class:`HealthResponse`.
 - ``GET {RPC_PREFIX}/models`` answers :class:`ModelList`.
@@ -30,6 +34,10 @@ ABORT_PATH = f"{RPC_PREFIX}/abort"
 HEALTH_PATH = f"{RPC_PREFIX}/health"
 MODELS_PATH = f"{RPC_PREFIX}/models"
 LEDGER_PATH = f"{RPC_PREFIX}/ledger"
+
+PROMPT_OVER_RESERVATION = "prompt_over_reservation"
+PROMPT_OVER_RESERVATION_STATUS = 412
+"""A prompt longer than its ``max_prompt_tokens``: refused before any work, with the exact count."""
 
 FinishReason = Literal["stop", "length", "tool_calls", "abort", "error"]
 
@@ -114,6 +122,12 @@ class GenerateRequest(_Strict):
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
+    max_prompt_tokens: int | None = Field(
+        default=None,
+        ge=0,
+        description="The prompt tokens the gateway reserved against its limits: a prompt that tokenizes "
+        "to more is refused before any work, with its exact count (PROMPT_OVER_RESERVATION)",
+    )
     ledger_tag: dict[str, str | float] | None = Field(
         default=None,
         description="Kept with the request's token counts in the engine's ledger (its 'instance' "
@@ -230,6 +244,11 @@ class ModelInfo(BaseModel):
     owned_by: str = "tern"
     created: int = 0
     max_model_len: int | None = None
+    prompt_overhead: int | None = None
+    """Tokens the chat template adds to a conversation of one empty user message (its default system
+    prompt included): what the gateway adds to its prompt estimate, so its reservation usually
+    covers the exact count and the engine never has to refuse. A Tern engine that lists it checks
+    ``GenerateRequest.max_prompt_tokens`` (None: an engine from before, which does not)."""
 
 
 class ModelList(BaseModel):

@@ -64,7 +64,8 @@ async def standin_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     if path == HEALTH_PATH:
         body = HealthResponse(status="ok", model=MODEL).model_dump_json().encode()
     elif path == MODELS_PATH:
-        body = ModelList(data=[ModelInfo(id=MODEL)]).model_dump_json().encode()
+        # Listed as today's engines list it; its prompts are 1 token, within any max_prompt_tokens.
+        body = ModelList(data=[ModelInfo(id=MODEL, prompt_overhead=0)]).model_dump_json().encode()
     else:
         body = b'{"aborted": false}'
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", JSON)]})

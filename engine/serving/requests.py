@@ -132,9 +132,20 @@ def engine_request(
     fmt = tool_format(template, tool_call_parser)
     prompt_text = render(request, tokenizer) if request.messages is not None else None
     thinking = None if prompt_text is None else thinking_mode(template, prompt_text)
+    prompt = tokenize(request, tokenizer, prompt_text)
+    if request.max_prompt_tokens is not None and len(prompt) > request.max_prompt_tokens:
+        # The gateway reserved fewer tokens than this prompt has: refused before any work, with the
+        # exact count, so the gateway can reserve it (or refuse the request) and send it again.
+        refusal = RequestError(
+            f"The prompt has {len(prompt)} tokens, more than the {request.max_prompt_tokens} reserved.",
+            kind=ErrorKind.PROMPT_OVER_RESERVATION,
+            param="messages" if request.messages is not None else "prompt",
+        )
+        refusal.prompt_tokens = len(prompt)
+        raise refusal
     return EngineRequest(
         request_id=request.request_id,
-        prompt_token_ids=tokenize(request, tokenizer, prompt_text),
+        prompt_token_ids=prompt,
         sampling=sampling_params(request.sampling),
         cache_namespace=request.cache_namespace,
         deadline=request.deadline,

@@ -37,6 +37,7 @@ from protocol.rpc import (
     HEALTH_PATH,
     LEDGER_PATH,
     MODELS_PATH,
+    PROMPT_OVER_RESERVATION_STATUS,
     AbortRequest,
     AbortResponse,
     DeltaFrame,
@@ -57,6 +58,7 @@ HTTP_STATUS = {
     ErrorKind.MODEL_NOT_FOUND: 404,
     ErrorKind.CONTEXT_LENGTH_EXCEEDED: 400,
     ErrorKind.CONFLICT: 409,
+    ErrorKind.PROMPT_OVER_RESERVATION: PROMPT_OVER_RESERVATION_STATUS,
 }
 """The status each kind of refused request is answered with."""
 
@@ -66,7 +68,19 @@ def _error(status: int, message: str, *, param: str | None = None, code: str | N
 
 
 def _request_error(exc: RequestError) -> JSONResponse:
-    return _error(HTTP_STATUS[exc.kind], exc.message, param=exc.param, code=exc.code)
+    status = HTTP_STATUS[exc.kind]
+    body = error_body(exc.message, status=status, param=exc.param, code=exc.code)
+    if exc.prompt_tokens is not None:  # the exact count the gateway reserves before sending it again
+        body["error"]["prompt_tokens"] = exc.prompt_tokens
+    return JSONResponse(body, status_code=status)
+
+
+def prompt_overhead(engine: LLMEngine) -> int:
+    """Tokens the chat template adds to one empty user message (0: no template, plain prompts only).
+    Listing it also tells the gateway this engine checks ``max_prompt_tokens``."""
+    if engine.tokenizer.chat_template is None:
+        return 0
+    return len(engine.tokenizer.encode_chat([{"role": "user", "content": ""}]))
 
 
 def create_app(engine: LLMEngine) -> FastAPI:
@@ -106,7 +120,9 @@ def create_app(engine: LLMEngine) -> FastAPI:
 
 def _add_status_routes(app: FastAPI, engine: LLMEngine, worker: EngineThread) -> None:
     """Health, the served model, metrics, and the ledger of streams a gateway tagged."""
-    model_info = ModelInfo(id=engine.model_name, max_model_len=engine.max_model_len)
+    model_info = ModelInfo(
+        id=engine.model_name, max_model_len=engine.max_model_len, prompt_overhead=prompt_overhead(engine)
+    )
 
     @app.get("/health")
     async def health() -> dict[str, object]:

@@ -11,20 +11,25 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Mapping
 from datetime import UTC, date, datetime
+from functools import partial
 from typing import NamedTuple
 
 from gateway.auth.identity import AuthenticatedKey
 from gateway.budgets.rules import PRICE_SCALE, nano_cost
+from gateway.limits.denials import TokensRefused
 from gateway.limits.policies import LimitPolicies
-from gateway.limits.schemas import Admission
+from gateway.limits.schemas import Admission, RequestLimits
 from gateway.limits.service import RateLimiter, reserve_tokens
-from gateway.proxy.outcome import Admitted, RelayOutcome
+from gateway.proxy.outcome import Admitted, PromptSize, RelayOutcome
+from gateway.proxy.token_count import prompt_upper_bound
 from gateway.reports.pricing import PriceBook
 from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
 
 BYTES_PER_TOKEN = 4
-"""The gateway has no tokenizer; a prompt is estimated at 4 bytes a token and settled exactly later."""
+"""A prompt is estimated at 4 bytes a token (plus its template's tokens) for the reservation; the
+engine checks the estimate against the exact count before any work (``_top_up``)."""
 
 
 def estimate_prompt_tokens(request: OpenAIRequest) -> int:
@@ -66,13 +71,52 @@ class RequestLimiter:
         self._scaled_prices: dict[tuple[str, date], ScaledPrice | None] = {}
         self._price_version = -1
 
-    async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admitted:
+    async def admit(
+        self,
+        *,
+        key: AuthenticatedKey,
+        request: OpenAIRequest,
+        request_id: str,
+        prompt: PromptSize = PromptSize(),  # noqa: B008  # frozen
+    ) -> Admitted:
         """Admit or raise a 429/402/503 OpenAIError (with retry-after) before any engine work; the
         rate-limit headers for the response and the request's ``max_tokens`` cap (the key's, else
-        its tenant's ``max_tokens`` setting, else ``TERN_LIMITS_DEFAULT_MAX_TOKENS``)."""
+        its tenant's ``max_tokens`` setting, else ``TERN_LIMITS_DEFAULT_MAX_TOKENS``).
+
+        The prompt is reserved at a true upper bound when ``prompt.bounded`` (the engine cannot check
+        a reservation), else at an estimate that the engine checks against the exact count before any work
+        (:meth:`_top_up`). An estimate is never what refuses a request: one its estimate does not
+        fit is admitted, if at all, on 0 prompt tokens, and its exact count then decides."""
         limits = await self.policies.for_request(key=key, model=request.model)
         cap = limits.max_tokens or self.limiter.settings.default_max_tokens
-        prompt_tokens = estimate_prompt_tokens(request)
+        estimated = not prompt.bounded and limits.counts_tokens
+        if prompt.bounded:
+            prompt_tokens = prompt_upper_bound(request, prompt.overhead) if limits.counts_tokens else 0
+        else:
+            prompt_tokens = estimate_prompt_tokens(request)
+            if isinstance(request, ChatCompletionRequest):
+                prompt_tokens += prompt.overhead
+        now = self.limiter.clock()
+        try:
+            admission = await self._reserve(limits, request, cap, prompt_tokens, now)
+        except TokensRefused:
+            if not estimated or prompt_tokens == 0:
+                raise
+            admission = await self._reserve(limits, request, cap, 0, now)
+        self._inflight[(request_id, str(key.key_id))].append(admission)
+        if not estimated or admission.backend == "none":
+            return Admitted(headers=admission.headers(), max_tokens=cap)
+        return Admitted(
+            headers=admission.headers(),
+            max_tokens=cap,
+            prompt_tokens=admission.reserved_prompt,
+            top_up=partial(self._top_up, admission, request.model),
+        )
+
+    async def _reserve(
+        self, limits: RequestLimits, request: OpenAIRequest, cap: int, prompt_tokens: int, now: datetime
+    ) -> Admission:
+        """Admit on ``prompt_tokens`` plus the completion the request may produce."""
         reserve = reserve_tokens(
             prompt_tokens=prompt_tokens,
             max_tokens=request.requested_max_tokens,
@@ -80,7 +124,6 @@ class RequestLimiter:
             default_max_tokens=cap,
         )
         reserve_nano = 0
-        now = self.limiter.clock()
         if limits.has_spend_budget:
             reserve_nano = await self._worst_cost(
                 request.model, now.date(), prompt_tokens, reserve - prompt_tokens
@@ -88,8 +131,21 @@ class RequestLimiter:
         admission = await self.limiter.admit(
             limits=limits, reserve=reserve, reserve_nano=reserve_nano, now=now
         )
-        self._inflight[(request_id, str(key.key_id))].append(admission)
-        return Admitted(headers=admission.headers(), max_tokens=cap)
+        admission.reserved_prompt = prompt_tokens
+        return admission
+
+    async def _top_up(self, admission: Admission, model: str, prompt_tokens: int) -> Mapping[str, str]:
+        """The engine counted the prompt at ``prompt_tokens``, more than reserved: reserve its exact
+        worst case (one script call) or raise the refusal admission would have given. The new
+        limit headers."""
+        if prompt_tokens > admission.reserved_prompt and not admission.settled:
+            completion = admission.reserved_tokens - admission.reserved_prompt
+            nano = admission.reserved_nano
+            if admission.limits.has_spend_budget:
+                nano = await self._worst_cost(model, admission.day, prompt_tokens, completion)
+            await self.limiter.top_up(admission, tokens=prompt_tokens + completion, nano=nano)
+            admission.reserved_prompt = prompt_tokens
+        return admission.headers()
 
     async def _price(self, model: str, day: date) -> ScaledPrice | None:
         """The model's prices on that day as integers (``PRICE_SCALE``), worked out once per model,

@@ -13,6 +13,11 @@ from gateway.limits.schemas import Admission, Scope, WindowState, rate_limit_hea
 from gateway.metrics import limit_refusals_by
 
 
+class TokensRefused(OpenAIError):
+    """A refusal for the tokens the request reserves (a tpm limit, a budget), not for its count of
+    requests: one that reserved an estimate of its prompt is looked at again with its exact count."""
+
+
 @dataclass(slots=True)
 class Denial:
     scope: Scope
@@ -40,13 +45,14 @@ def raise_denial(denial: Denial, admission: Admission, settings: LimitsSettings)
                 "(prompt plus max_tokens)"
             )
         message = f"Rate limit reached for {scope.label}: {what}. Try again in {retry} s."
-        raise OpenAIError(429, message, code="rate_limit_exceeded", headers={"retry-after": retry, **headers})
+        error = TokensRefused if denial.reason == "tpm" else OpenAIError
+        raise error(429, message, code="rate_limit_exceeded", headers={"retry-after": retry, **headers})
     if denial.reason == "tpm_too_large":
         message = (
             f"Request too large for {scope.label}: it reserves {reserve} tokens (prompt plus max_tokens) "
             f"but the limit is {scope.tpm} tokens per minute. Lower max_tokens or shorten the prompt."
         )
-        raise OpenAIError(400, message, param="max_tokens", code="tokens_exceed_rate_limit")
+        raise TokensRefused(400, message, param="max_tokens", code="tokens_exceed_rate_limit")
     if denial.reason == "concurrency":
         message = (
             f"Too many concurrent requests for {scope.label}: at most {scope.concurrency} at a time. "
@@ -71,7 +77,7 @@ def raise_denial(denial: Denial, admission: Admission, settings: LimitsSettings)
         message += f"it resets at {reset:%Y-%m-%dT%H:%M:%SZ}."
         seconds = max(1, int((reset - admission.admitted_at).total_seconds()))
         budget_headers["retry-after"] = str(seconds)
-    raise OpenAIError(
+    raise TokensRefused(
         settings.budget_status if budget.metric == "tokens" else settings.spend_budget_status,
         message,
         code="insufficient_quota",

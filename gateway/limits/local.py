@@ -76,7 +76,23 @@ class LocalLimiter:
                 w.slots[admission_id] = now + self.slot_ttl_s
         return None
 
-    def settle(self, *, admission_id: str, scopes: tuple[Scope, ...], tokens: int) -> None:
+    def grow(self, *, admission_id: str, scopes: tuple[Scope, ...], tokens: int) -> Denial | None:
+        """Raise an admitted request's tokens to ``tokens`` if every tpm share still holds them."""
+        now = time.monotonic()
+        for scope in scopes:
+            w = self._windows.get(scope.name)
+            tpm = local_share(scope.tpm, self.replicas)
+            if w is None or tpm is None or admission_id not in w.tokens:
+                continue
+            self._prune(w, now)
+            if w.total - w.tokens.get(admission_id, 0) + tokens > tpm:
+                return Denial(scope, "tpm_too_large" if tokens > tpm else "tpm", int(self.window_s * 1000))
+        self.settle(admission_id=admission_id, scopes=scopes, tokens=tokens, free_slot=False)
+        return None
+
+    def settle(
+        self, *, admission_id: str, scopes: tuple[Scope, ...], tokens: int, free_slot: bool = True
+    ) -> None:
         for scope in scopes:
             w = self._windows.get(scope.name)
             if w is None:
@@ -85,4 +101,5 @@ class LocalLimiter:
             if reserved is not None:
                 w.tokens[admission_id] = tokens
                 w.total += tokens - reserved
-            w.slots.pop(admission_id, None)
+            if free_slot:
+                w.slots.pop(admission_id, None)

@@ -108,6 +108,8 @@ class RequestLimits:
     # Worked out once from the scopes (``__post_init__``), read by every request:
     budgets: tuple[BudgetSlot, ...] = field(init=False, compare=False, repr=False)
     has_spend_budget: bool = field(init=False, compare=False, repr=False)
+    counts_tokens: bool = field(init=False, compare=False, repr=False)
+    """Some scope has a tpm limit or a budget: the prompt's token count matters."""
     window_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
     """Where each scope's six window fields start in admit.lua's "ok" reply."""
     key_token_fields: tuple[int, ...] = field(init=False, compare=False, repr=False)
@@ -136,6 +138,7 @@ class RequestLimits:
         set_field = object.__setattr__  # frozen: set once, here
         set_field(self, "budgets", tuple(budgets))
         set_field(self, "has_spend_budget", any(s.has_spend_budget for s in self.scopes))
+        set_field(self, "counts_tokens", any(s.tpm is not None or s.budgets for s in self.scopes))
         set_field(self, "window_fields", tuple(windows))
         set_field(self, "key_token_fields", tuple(key_tokens))
         set_field(self, "key_spend_fields", tuple(key_spend))
@@ -189,6 +192,8 @@ class Admission:
     backend: Literal["redis", "local", "none"]
     reserved_nano: int = 0
     """The worst-case cost reserved against spend budgets (nano-units)."""
+    reserved_prompt: int = 0
+    """The prompt's part of ``reserved_tokens``: an estimate until the engine's exact count tops it up."""
     requests: WindowState | None = None
     tokens: WindowState | None = None
     budget_tokens_left: int | None = None

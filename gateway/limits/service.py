@@ -14,13 +14,15 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import replace
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from importlib import resources
-from typing import Any
+from typing import Any, NoReturn
 
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from gateway.budgets.periods import COUNTER_TTL_S, Period, period_end, period_start
 from gateway.budgets.rules import BudgetRule, counter_key, to_nano
@@ -93,6 +95,7 @@ class RateLimiter:
         self._settle = redis.register_script(_script("settle.lua"))
         self._reap = redis.register_script(_script("reap.lua"))
         self._reap_reservations = redis.register_script(_script("reap_reservations.lua"))
+        self._topup = redis.register_script(_script("topup.lua"))
         self._scripts = ScriptBatcher(redis)
         self._redis_down_until = 0.0
         self._budget_seen: dict[tuple[str, date], int] = {}
@@ -143,21 +146,22 @@ class RateLimiter:
             except REDIS_DOWN_ERRORS as exc:
                 self._mark_redis_down(exc)
         if limits.failure_policy == "closed":
-            limit_refusals_by("limiter_unavailable").inc()
-            raise OpenAIError(
-                503,
-                "Rate limiting is temporarily unavailable and this API key is configured to fail closed; "
-                "retry shortly.",
-                code="rate_limiter_unavailable",
-                headers={"retry-after": retry_after_seconds(int(self.settings.redis_retry_s * 1000))},
-            )
+            self._refuse_unavailable()
         await self._admit_local(admission)
         admission.backend = "local"
         return admission
 
+    def _refuse_unavailable(self) -> NoReturn:
+        limit_refusals_by("limiter_unavailable").inc()
+        raise OpenAIError(
+            503,
+            "Rate limiting is temporarily unavailable and this API key is configured to fail closed; "
+            "retry shortly.",
+            code="rate_limiter_unavailable",
+            headers={"retry-after": retry_after_seconds(int(self.settings.redis_retry_s * 1000))},
+        )
+
     async def _admit_redis(self, admission: Admission) -> None:
-        scopes = admission.limits.scopes
-        keys = admission.limits.redis_keys(admission.day)
         args: list[Arg | Packed] = [
             admission.admission_id,
             admission.reserved_tokens,
@@ -167,9 +171,18 @@ class RateLimiter:
             admission.reserved_nano,
             admission.limits.limit_args(),  # the number of scopes, then their limits
         ]
+        await self._run_admit_script(self._admit, admission, args, admission)
+
+    async def _run_admit_script(
+        self, script: AsyncScript, admission: Admission, args: list[Arg | Packed], asked: Admission
+    ) -> None:
+        """Run admit.lua or topup.lua (one reply shape) to "ok", seeding counters and freeing a dead
+        gateway's slots as they ask; a denial raises, naming what ``asked`` reserves."""
+        scopes = admission.limits.scopes
+        keys = admission.limits.redis_keys(admission.day)
         reaped: set[int] = set()
         for _ in range(admission.limits.script_tries):
-            reply = await self._scripts.call(self._admit, keys=keys, args=args)
+            reply = await self._scripts.call(script, keys=keys, args=args)
             fields: list[bytes] = reply.split()  # type: ignore[attr-defined]  # admit.lua's reply
             outcome = fields[0]
             if outcome == b"seed":
@@ -185,10 +198,45 @@ class RateLimiter:
                         continue  # slots or reservations of a dead gateway were holding it: try again
                 budget = scope.budgets[int(fields[4]) - 1] if fields[2].endswith(b"_budget") else None
                 denial = Denial(scope, fields[2].decode(), int(fields[3]), budget)
-                raise_denial(denial, admission, self.settings)
+                raise_denial(denial, asked, self.settings)
             self._read_ok(fields, admission)
             return
         raise RuntimeError("budget counters could not be seeded")  # pragma: no cover
+
+    async def top_up(self, admission: Admission, *, tokens: int, nano: int) -> None:
+        """Grow an admitted request's reservation to ``tokens`` (``nano``): its exact worst case, once
+        the engine counted its prompt. Raises the refusal admission would have given it, leaving the
+        admission as it was (settle it to give that back)."""
+        grown = replace(admission, reserved_tokens=tokens, reserved_nano=nano)
+        if admission.backend == "redis":
+            args: list[Arg | Packed] = [
+                admission.admission_id,
+                admission.reserved_tokens,
+                admission.reserved_nano,
+                tokens,
+                nano,
+                int(self.settings.window_s * 1000),
+                int(self.settings.slot_ttl_s * 1000),
+                admission.limits.limit_args(),
+            ]
+            shown = (admission.tokens, admission.budget_tokens_left, admission.budget_nano_left)
+            admission.tokens = admission.budget_tokens_left = admission.budget_nano_left = None
+            try:
+                await self._run_admit_script(self._topup, admission, args, grown)
+            except REDIS_DOWN_ERRORS as exc:  # lost since admission: as admission would do now
+                self._mark_redis_down(exc)
+                admission.tokens, admission.budget_tokens_left, admission.budget_nano_left = shown
+                if admission.limits.failure_policy == "closed":
+                    self._refuse_unavailable()
+                await self._admit_local_budgets(grown)
+        elif admission.backend == "local":
+            await self._admit_local_budgets(grown)
+            denial = self.local.grow(
+                admission_id=admission.admission_id, scopes=admission.limits.scopes, tokens=tokens
+            )
+            if denial is not None:
+                raise_denial(denial, grown, self.settings)
+        admission.reserved_tokens, admission.reserved_nano = tokens, nano
 
     async def _reap_dead(self, admission: Admission, index: int, slots: bool) -> int:
         """Free the scope's concurrency slots (``slots``), else its budget reservations, whose gateway
@@ -235,6 +283,17 @@ class RateLimiter:
 
     async def _admit_local(self, admission: Admission) -> None:
         """Fail-open: rate limits from the local share, budgets against the last counts seen."""
+        await self._admit_local_budgets(admission)
+        denial = self.local.admit(
+            admission_id=admission.admission_id,
+            scopes=admission.limits.scopes,
+            reserve=admission.reserved_tokens,
+        )
+        if denial is not None:
+            raise_denial(denial, admission, self.settings)
+
+    async def _admit_local_budgets(self, admission: Admission) -> None:
+        """Fail-open budgets: the request's worst case against the last counts this process saw."""
         for slot in admission.limits.budgets:
             scope, budget = slot.scope, slot.rule
             key = (slot.label, admission.day)
@@ -250,13 +309,6 @@ class RateLimiter:
             if used + need > budget.limit:
                 reason = "token_budget" if budget.metric == "tokens" else "spend_budget"
                 raise_denial(Denial(scope, reason, 0, budget), admission, self.settings)
-        denial = self.local.admit(
-            admission_id=admission.admission_id,
-            scopes=admission.limits.scopes,
-            reserve=admission.reserved_tokens,
-        )
-        if denial is not None:
-            raise_denial(denial, admission, self.settings)
 
     # ------------------------------------------------------------ settlement
 

@@ -39,6 +39,9 @@ READ_BUFFER_BYTES = 1 << 20
 
 OPENAI_HEALTH_PATH = "/health"
 OPENAI_MODELS_PATH = "/v1/models"
+OPENAI_CHAT_PATH = "/v1/chat/completions"
+OVERHEAD_PROBE_TIMEOUT_S = 30.0
+"""A one-token generation, once per model of an ``openai`` engine: it may queue behind others."""
 
 
 class NoHealthyEngine(Exception):
@@ -124,6 +127,12 @@ class EnginePool:
         """Engines discovery dropped, kept open until their last request ends."""
         self._turn = itertools.count()
         self._prober: asyncio.Task[None] | None = None
+        self._overheads: dict[str, int] = {}
+        """Per served model: the most tokens its chat template adds around one empty user message, as
+        its healthy engines report it (or as measured, for ``openai`` ones); absent when one of them
+        does not say (a Tern engine from before ``max_prompt_tokens``)."""
+        self._measured: dict[str, int] = {}
+        """``openai`` engines' overheads measured so far, by served model name: once per model."""
 
     async def start(self) -> None:
         """Open the sessions, probe every engine once, then keep probing in the background."""
@@ -201,6 +210,19 @@ class EnginePool:
         upstream.healthy = True
         upstream.last_error = None
         engine_healthy_by(upstream.url).set(1)
+        self._refresh_overheads()
+
+    def _refresh_overheads(self) -> None:
+        """Worked out when the engines change, not per request (``prompt_overhead``)."""
+        reported: dict[str, int] = {}
+        unsaid: set[str] = set()
+        for upstream in self.upstreams:
+            for m in upstream.models if upstream.healthy else ():
+                if m.prompt_overhead is None:
+                    unsaid.add(m.id)
+                else:
+                    reported[m.id] = max(reported.get(m.id, 0), m.prompt_overhead)
+        self._overheads = {model: n for model, n in reported.items() if model not in unsaid}
 
     async def _probe_tern(self, upstream: Upstream) -> list[ModelInfo]:
         async with upstream.session.get(HEALTH_PATH, timeout=self._probe_timeout) as resp:
@@ -224,7 +246,29 @@ class EnginePool:
                 raise RuntimeError(f"/v1/models answered HTTP {resp.status}")
             listed = ModelList.model_validate_json(await resp.read()).data
         names = self.model_names
-        return [m.model_copy(update={"id": names.served(m.id)}) for m in listed]
+        served = []
+        for m in listed:
+            name = names.served(m.id)
+            overhead = m.prompt_overhead if m.prompt_overhead is not None else self._measured.get(name)
+            if overhead is None and (overhead := await self._measure_overhead(upstream, m.id)) is not None:
+                self._measured[name] = overhead
+            served.append(m.model_copy(update={"id": name, "prompt_overhead": overhead}))
+        return served
+
+    async def _measure_overhead(self, upstream: Upstream, model: str) -> int | None:
+        """The prompt tokens an ``openai`` engine reports for one empty user message: its chat
+        template's own tokens, for the prompt bound (``token_count.prompt_upper_bound``). Once per
+        model; None (tried again at the next probe) when the engine does not say."""
+        body = {"model": model, "messages": [{"role": "user", "content": ""}], "max_tokens": 1}
+        timeout = aiohttp.ClientTimeout(total=OVERHEAD_PROBE_TIMEOUT_S)
+        try:
+            async with upstream.session.post(OPENAI_CHAT_PATH, json=body, timeout=timeout) as resp:
+                usage = (await resp.json()).get("usage") if resp.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("cannot measure the chat template of %s on %s: %s", model, upstream.url, exc)
+            return None
+        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return count if isinstance(count, int) else None
 
     def mark_unhealthy(self, upstream: Upstream, reason: str) -> None:
         """Take an engine out of the rotation until a probe succeeds again."""
@@ -232,6 +276,7 @@ class EnginePool:
             log.warning("engine %s left the rotation: %s", upstream.url, reason)
         upstream.healthy = False
         upstream.last_error = reason
+        self._refresh_overheads()
         self.prefixes.forget(upstream)
         engine_healthy_by(upstream.url).set(0)
 
@@ -249,6 +294,11 @@ class EnginePool:
                 for model in upstream.models:
                     seen.setdefault(model.id, model)
         return list(seen.values())
+
+    def prompt_overhead(self, model: str) -> int | None:
+        """Tokens ``model``'s chat template adds around one empty user message; None: unknown, or
+        some engine serving it does not say (and, if a Tern engine, checks no reservation)."""
+        return self._overheads.get(model)
 
     def kind_for(self, model: str) -> EngineKind:
         """How to talk to the engines serving ``model``: ``openai`` if a healthy one of that kind

@@ -79,6 +79,24 @@ class UsageJournal(Protocol):
         ...
 
 
+TopUp = Callable[[int], Awaitable[Mapping[str, str]]]
+"""(the prompt's exact token count) -> the response's limit headers once the reservation covers it;
+raises the limits' refusal (``OpenAIError``) when it cannot."""
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """What the proxy knows of a request's prompt before admission, from the engines serving it."""
+
+    overhead: int = 0
+    """Tokens the model's chat template adds around one empty user message (its engines report or
+    were measured to add it): part of the estimate, or of the bound."""
+    bounded: bool = False
+    """No engine checks a reservation (``openai``-kind upstreams, Tern engines from before): reserve
+    a true upper bound (``token_count.prompt_upper_bound``). False: the engine counts the prompt
+    before any work and refuses one over what was reserved (:attr:`Admitted.prompt_tokens`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Admitted:
     """What an admission grants a request."""
@@ -87,12 +105,19 @@ class Admitted:
     """Added to the response (the rate-limit headers)."""
     max_tokens: int | None = None
     """What the request's ``max_tokens`` is lowered to (or set to, when it has none); None: no cap."""
+    prompt_tokens: int | None = None
+    """The prompt tokens reserved, for the engine to check the prompt against before any work; None:
+    nothing to check (no limit counts tokens, or they were reserved from a true bound)."""
+    top_up: TopUp | None = None
+    """Grows the reservation to the prompt's exact count when the engine says it has more."""
 
 
 class Admitter(Protocol):
     """Decides, before any engine work, whether a request may run (``gateway.limits.admission``)."""
 
-    async def admit(self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str) -> Admitted:
+    async def admit(
+        self, *, key: AuthenticatedKey, request: OpenAIRequest, request_id: str, prompt: PromptSize
+    ) -> Admitted:
         """Admit, or raise an ``OpenAIError`` (429, 402, 503)."""
         ...
 

@@ -138,14 +138,18 @@ class GenerateEndpoint:
                 cache_namespace=cache_namespace,
                 hooks=state.completion_hooks,
                 journal=state.usage_journal,
-                max_tokens_cap=admitted.max_tokens,
-                headers=admitted.headers,
+                admitted=admitted,
                 responses_request=responses_request,
             )
 
         # Rate limits and budgets are checked before any engine work (gateway/limits).
         return await service.admit_and_dispatch(
-            state.admitter, key=key, openai_request=openai_request, request_id=request_id, dispatch=dispatch
+            state.admitter,
+            key=key,
+            openai_request=openai_request,
+            request_id=request_id,
+            dispatch=dispatch,
+            pool=state.engine_pool,
         )
 
 

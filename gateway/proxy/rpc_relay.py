@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 import aiohttp
@@ -14,8 +14,9 @@ import anyio
 import orjson
 from starlette.types import Send
 
+from gateway.errors import OpenAIError
 from gateway.proxy.engine_pool import EnginePool, Upstream
-from gateway.proxy.outcome import CompletionHook, UsageJournal
+from gateway.proxy.outcome import CompletionHook, TopUp, UsageJournal
 from gateway.proxy.relay import BaseRelay
 from protocol.openai.errors import error_body
 from protocol.openai.requests import OpenAIRequest
@@ -23,6 +24,8 @@ from protocol.openai.responses import ResponseAccumulator, StreamFormatter, erro
 from protocol.rpc import (
     ABORT_PATH,
     GENERATE_PATH,
+    PROMPT_OVER_RESERVATION,
+    PROMPT_OVER_RESERVATION_STATUS,
     AbortRequest,
     DeltaFrame,
     ErrorFrame,
@@ -62,6 +65,7 @@ class Relay(BaseRelay):
         key_id: str | None,
         hooks: Sequence[CompletionHook],
         journal: UsageJournal | None = None,
+        top_up: TopUp | None = None,
     ) -> None:
         super().__init__(
             pool=pool,
@@ -85,10 +89,39 @@ class Relay(BaseRelay):
                 "endpoint": endpoint,
                 "started_at": self.outcome.started_at,
             }
+        self.top_up = top_up
+        self.limit_headers: Mapping[str, str] | None = None
+        """The limit headers after a top-up (None: admission's stand)."""
         self._body = gen_request.model_dump_json(exclude_none=True).encode()
 
     def _request(self, upstream: Upstream) -> tuple[str, bytes]:
         return GENERATE_PATH, self._body
+
+    async def _refuse(self, response: aiohttp.ClientResponse) -> None:
+        if response.status == PROMPT_OVER_RESERVATION_STATUS and self.top_up is not None:
+            count = _prompt_count(await response.read())
+            if count is not None and count > (self.gen_request.max_prompt_tokens or 0):
+                await self._reserve_prompt(response, count)
+                return
+        await super()._refuse(response)
+
+    async def _reserve_prompt(self, response: aiohttp.ClientResponse, count: int) -> None:
+        """The engine counted more prompt tokens than were reserved, and did no work: reserve the
+        exact count (or refuse the request, billed nothing), then send the request again."""
+        assert self._upstream is not None and self.top_up is not None
+        response.close()
+        self._upstream.inflight -= 1
+        self._upstream = self._response = None
+        try:
+            self.limit_headers = await self.top_up(count)
+        except OpenAIError as exc:
+            self._terminal = self._engine_done = True
+            self._fail(exc.status, exc.code or "limit_exceeded")
+            self.outcome.engine_url = None  # refused by the limits, as at admission: no usage row
+            raise
+        self.gen_request.max_prompt_tokens = count
+        self._body = self.gen_request.model_dump_json(exclude_none=True).encode()
+        await self._connect()
 
     # -- reading
 
@@ -203,3 +236,13 @@ class Relay(BaseRelay):
             while await self.next_frame() is not None:
                 pass
         self.outcome.status = status  # the client's status, not the drained frame's
+
+
+def _prompt_count(body: bytes) -> int | None:
+    """The exact prompt count in an engine's ``prompt_over_reservation`` refusal (None: not one)."""
+    try:
+        error = orjson.loads(body)["error"]
+        count = error["prompt_tokens"] if error.get("code") == PROMPT_OVER_RESERVATION else None
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return count if isinstance(count, int) else None

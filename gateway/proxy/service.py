@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import anyio
@@ -14,7 +14,7 @@ from gateway.errors import OpenAIError
 from gateway.metrics import upstream_latency_by, upstream_ttft_by
 from gateway.proxy.engine_pool import EnginePool
 from gateway.proxy.openai_relay import OpenAIRelay
-from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, RelayOutcome, UsageJournal
+from gateway.proxy.outcome import Admitted, Admitter, CompletionHook, PromptSize, RelayOutcome, UsageJournal
 from gateway.proxy.relay import BaseRelay, RelayResponse
 from gateway.proxy.responses_relay import ResponsesOpenAIRelay, ResponsesRelay
 from gateway.proxy.rpc_relay import Relay
@@ -23,6 +23,10 @@ from protocol.openai.responses_request import ResponsesRequest
 from protocol.rpc import ModelList
 
 T = TypeVar("T")
+
+UNMEASURED_OVERHEAD = 1024
+"""The template tokens assumed for an ``openai`` engine's model whose overhead could not be measured
+yet (``EnginePool._measure_overhead``): generous, so the bound stays an upper bound."""
 
 
 def ensure_model_allowed(*, key: AuthenticatedKey, model: str) -> None:
@@ -68,12 +72,12 @@ async def dispatch(
     request_id: str,
     cache_namespace: str | None,
     hooks: Sequence[CompletionHook],
-    headers: Mapping[str, str],
-    max_tokens_cap: int | None,
+    admitted: Admitted,
     journal: UsageJournal | None = None,
     responses_request: ResponsesRequest | None = None,
 ) -> RelayResponse:
-    """Start the generation on an engine and return the response that relays it, with ``headers``.
+    """Start the generation on an engine and return the response that relays it, with the headers
+    and within the ``max_tokens`` cap the limits ``admitted`` it with.
 
     The caller has checked the key's model scope (:func:`ensure_model_allowed`). Refusals
     (no engine, engine errors before the stream) raise OpenAIError after the hooks ran. The
@@ -85,6 +89,7 @@ async def dispatch(
     tenant_id = str(key.tenant_id) if key.tenant_id else None
     all_hooks = [observe_upstream_metrics, *hooks]
     relay: BaseRelay
+    max_tokens_cap = admitted.max_tokens
     common: dict[str, Any] = {
         "pool": pool,
         "openai_request": openai_request,
@@ -116,13 +121,29 @@ async def dispatch(
         if max_tokens_cap is not None:  # a request without max_tokens must not run to the context length
             sampling = gen_request.sampling
             sampling.max_tokens = min(sampling.max_tokens or max_tokens_cap, max_tokens_cap)
+        gen_request.max_prompt_tokens = admitted.prompt_tokens  # the engine checks the prompt against it
+        rpc = common | {"gen_request": gen_request, "top_up": admitted.top_up}
         relay = (
-            Relay(gen_request=gen_request, **common)
+            Relay(**rpc)
             if responses_request is None
-            else ResponsesRelay(responses_request=responses_request, gen_request=gen_request, **common)
+            else ResponsesRelay(responses_request=responses_request, **rpc)
         )
+        await relay.open()
+        return RelayResponse(relay, headers=relay.limit_headers or admitted.headers)
     await relay.open()
-    return RelayResponse(relay, headers=headers)
+    return RelayResponse(relay, headers=admitted.headers)
+
+
+def prompt_size(pool: EnginePool, request: OpenAIRequest) -> PromptSize:
+    """What admission reserves the prompt from: for Tern engines an estimate plus the template's
+    tokens (the engine checks it against the exact count before any work); for engines that check
+    nothing (``openai``-kind upstreams), a true upper bound (worked out only if a limit counts tokens)."""
+    overhead = pool.prompt_overhead(request.model)
+    if overhead is not None and pool.kind_for(request.model) == "tern":
+        return PromptSize(overhead=overhead)
+    # An openai engine, or a Tern engine from before max_prompt_tokens (a rolling upgrade): no
+    # engine checks the reservation, so it must hold any prompt.
+    return PromptSize(overhead=UNMEASURED_OVERHEAD if overhead is None else overhead, bounded=True)
 
 
 def salted_body(body: dict[str, Any], *, cache_namespace: str | None, send_salt: bool) -> dict[str, Any]:
@@ -162,15 +183,18 @@ async def admit_and_dispatch(
     openai_request: OpenAIRequest,
     request_id: str,
     dispatch: Callable[[Admitted], Awaitable[T]],
+    pool: EnginePool,
 ) -> T:
-    """Admit under the limits, then ``dispatch(admitted)`` (its headers, its max_tokens cap).
+    """Admit under the limits, then ``dispatch(admitted)`` (its headers, its max_tokens cap, its
+    prompt reservation).
 
     A dispatch that fails releases the admission. Without an admitter (limits not wired) this is
     just ``dispatch`` with no headers and no cap.
     """
     if admitter is None:
         return await dispatch(Admitted(headers={}))
-    admitted = await admitter.admit(key=key, request=openai_request, request_id=request_id)
+    prompt = prompt_size(pool, openai_request)
+    admitted = await admitter.admit(key=key, request=openai_request, request_id=request_id, prompt=prompt)
     try:
         return await dispatch(admitted)
     except BaseException:

@@ -15,6 +15,8 @@ import math
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from protocol.openai.requests import ChatCompletionRequest, OpenAIRequest
+
 log = logging.getLogger(__name__)
 
 BYTES_PER_TOKEN = 4
@@ -90,3 +92,26 @@ def prompt_text(body: Mapping[str, Any]) -> tuple[str, int]:
         elif isinstance(content, list):
             parts.extend(str(p.get("text", "")) for p in content if isinstance(p, dict))
     return "\n".join(parts), 0
+
+
+def prompt_upper_bound(request: OpenAIRequest, overhead: int) -> int:
+    """At most how many tokens an ``openai`` upstream prefills for ``request``: what admission reserves
+    for engines that cannot check a reservation themselves.
+
+    A byte-level BPE token (GPT-2, Llama 3, Qwen, SmolLM: the usual) covers at least one UTF-8 byte
+    of the text it encodes, and a chat template writes each message's fields and the tool
+    definitions as text (JSON for tools and calls, no more compact than pydantic's). So the tokens
+    are at most the bytes of the messages and tools as JSON (keys, quotes and braces cover each
+    message's role markers) plus ``overhead``: the template's tokens around one empty user message
+    (its default system prompt included), measured once per model. Token-id prompts count exactly."""
+    if isinstance(request, ChatCompletionRequest):
+        # pydantic's own JSON: UTF-8 as is (no escapes), and any int (a schema's, say) serializes.
+        size = sum(len(m.model_dump_json(exclude_none=True)) for m in request.messages)
+        size += sum(len(t.model_dump_json(exclude_none=True)) for t in request.tools or ())
+        return size + overhead
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return len(prompt.encode()) + overhead
+    if prompt and isinstance(prompt[0], int):
+        return len(prompt)
+    return sum(len(p) if isinstance(p, list) else len(str(p).encode()) + overhead for p in prompt)

@@ -127,6 +127,29 @@ def test_rpc_generate_streams_frames_ending_in_one_final(url: str) -> None:
     assert sum(len(f.token_ids) for f in frames[:-1]) == 5
 
 
+def test_rpc_refuses_a_prompt_over_its_reservation_before_any_work_with_its_exact_count(
+    url: str, engine: LLMEngine
+) -> None:
+    """The gateway reserved ``max_prompt_tokens``; the template and all count against it."""
+    chat = {"messages": [{"role": "user", "content": "hello there"}], "sampling": {"max_tokens": 2}}
+    exact = len(engine.tokenizer.encode_chat(chat["messages"]))  # type: ignore[arg-type]
+    models = httpx.get(f"{url}/rpc/v1/models").json()["data"][0]
+    assert models["prompt_overhead"] == len(engine.tokenizer.encode_chat([{"role": "user", "content": ""}]))
+    assert 0 < models["prompt_overhead"] < exact
+    body = chat | {"request_id": "over-1", "max_prompt_tokens": exact - 1}
+    response = httpx.post(f"{url}/rpc/v1/generate", json=body, timeout=60)
+    assert response.status_code == 412, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["prompt_tokens"], error["param"]) == (
+        "prompt_over_reservation",
+        exact,
+        "messages",
+    )
+    assert engine.scheduler.num_running == engine.scheduler.num_waiting == 0
+    frames = rpc_frames(url, chat | {"request_id": "over-2", "max_prompt_tokens": exact})
+    assert isinstance(frames[-1], FinalFrame) and frames[-1].prompt_tokens == exact
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "fragment"),
     [

@@ -26,6 +26,8 @@ from protocol.rpc import (
     GENERATE_PATH,
     HEALTH_PATH,
     MODELS_PATH,
+    PROMPT_OVER_RESERVATION,
+    PROMPT_OVER_RESERVATION_STATUS,
     AbortRequest,
     DeltaFrame,
     ErrorFrame,
@@ -63,6 +65,8 @@ class FakeEngine(ServedApp):
     disconnected: list[str] = field(default_factory=list)
     """Request ids whose generate stream was closed by the caller before its last frame."""
     finished: list[str] = field(default_factory=list)
+    over_reserved: list[str] = field(default_factory=list)
+    """Request ids refused for a prompt over ``max_prompt_tokens`` (the gateway then tops up)."""
     health_checks: int = 0
     generate_called: threading.Event = field(default_factory=threading.Event)
     port: int = field(default_factory=free_port)
@@ -90,7 +94,8 @@ class FakeEngine(ServedApp):
         return JSONResponse(HealthResponse(status="ok", model=self.model).model_dump())
 
     async def _models(self, _: Request) -> Response:
-        return JSONResponse(ModelList(data=[ModelInfo(id=self.model, max_model_len=2048)]).model_dump())
+        info = ModelInfo(id=self.model, max_model_len=2048, prompt_overhead=0)  # checks max_prompt_tokens
+        return JSONResponse(ModelList(data=[info]).model_dump())
 
     async def _metrics(self, _: Request) -> Response:
         return Response(self.metrics_text, media_type="text/plain; version=0.0.4")
@@ -105,6 +110,13 @@ class FakeEngine(ServedApp):
 
     async def _generate(self, request: Request) -> Response:
         req = GenerateRequest.model_validate_json(await request.body())
+        prompt_tokens = prompt_token_count(req)
+        if req.max_prompt_tokens is not None and prompt_tokens > req.max_prompt_tokens:
+            # As the real engine: refused before any work, with the exact count (not "received").
+            self.over_reserved.append(req.request_id)
+            body = error_body("over", status=PROMPT_OVER_RESERVATION_STATUS, code=PROMPT_OVER_RESERVATION)
+            body["error"]["prompt_tokens"] = prompt_tokens
+            return JSONResponse(body, status_code=PROMPT_OVER_RESERVATION_STATUS)
         self.received.append(req)
         self.generate_called.set()
         if req.model not in (None, self.model):

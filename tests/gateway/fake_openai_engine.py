@@ -41,6 +41,9 @@ class FakeOpenAIEngine(ServedApp):
     """When set, generation requests are refused with this status and an OpenAI error body."""
     gate: threading.Event | None = None
     """When given, a stream pauses after its first event until the test sets it."""
+    prompt_overhead: int | None = 7
+    """Listed in ``/v1/models`` as Tern's own ``/v1`` lists it; None: not listed (as vLLM), so the
+    gateway measures it with one request of an empty message."""
     received: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     closed_early: list[int] = field(default_factory=list)
@@ -72,7 +75,11 @@ class FakeOpenAIEngine(ServedApp):
     async def _models(self, request: Request) -> Response:
         if refused := self._refused(request):
             return refused
-        data = [{"id": self.model, "object": "model", "created": 1, "owned_by": "someone"}]
+        data: list[dict[str, Any]] = [
+            {"id": self.model, "object": "model", "created": 1, "owned_by": "someone"}
+        ]
+        if self.prompt_overhead is not None:
+            data[0]["prompt_overhead"] = self.prompt_overhead
         return JSONResponse({"object": "list", "data": data})
 
     def _usage(self, body: dict[str, Any], completion: int) -> dict[str, Any]:

@@ -1,10 +1,14 @@
 """Strict budgets under concurrency, through the gateway against real Redis and Postgres and the
 stand-in engine: random budgets (several per key and per tenant, tokens and spend, every period),
-random prices and random request mixes, 64 requests at a time.
+random prices and random request mixes, 64 requests at a time. The stand-in counts a word a token,
+fewer than the gateway's estimate, so requests that do not fit on their estimate are admitted on 0
+prompt tokens and topped up to the engine's count (``test_budget_exact_prompt_e2e`` has the real
+engine, whose prompts count more than their estimates).
 
-- Gated phase: the engine holds every admitted request, so nothing settles while the 64 are admitted.
-  A request refused then must not have fit: after all admissions, some budget that applies to it has
-  less left than its worst case (what is left only shrinks while nothing settles).
+- Gated phase: the engine holds every admitted request, so nothing settles while the 64 are admitted
+  (but for requests refused at their top-up, which give back what they held). A request refused
+  then must not have fit: beside what the admitted ones hold (and what those refused at their top-up
+  held), some budget that applies to it has less left than it needed.
 - Open phase: 64 more at once, settling while others are admitted.
 - Then billed usage (the rows in Postgres, priced here) never exceeds any budget: 0 tokens and 0
   nano-units of money over.
@@ -44,13 +48,27 @@ class Req:
     stream: bool
 
     @property
-    def worst_tokens(self) -> int:
-        return math.ceil(len(self.content.encode()) / 4) + 4 + self.max_tokens
+    def estimate(self) -> int:
+        """What the gateway first reserves for the prompt: 4 bytes a token, 4 for the message."""
+        return math.ceil(len(self.content.encode()) / 4) + 4
 
-    def worst_nano(self, prompt_price: Decimal, completion_price: Decimal) -> int:
-        prompt = math.ceil(len(self.content.encode()) / 4) + 4
+    @property
+    def exact(self) -> int:
+        """What the stand-in engine counts: one token a word."""
+        return len(self.content.split())
+
+    @property
+    def worst_tokens(self) -> int:
+        return self.exact + self.max_tokens
+
+    def worst_nano(self, prompt_price: Decimal, completion_price: Decimal, prompt: int | None = None) -> int:
+        prompt = self.exact if prompt is None else prompt
         cost = (prompt * prompt_price + self.max_tokens * completion_price) / 10**6
         return math.ceil(cost * NANO)
+
+    def held(self, metric: str, prices: tuple[Decimal, Decimal], prompt: int) -> int:
+        """What the gateway reserves for it with ``prompt`` tokens of prompt."""
+        return prompt + self.max_tokens if metric == "tokens" else self.worst_nano(*prices, prompt=prompt)
 
 
 @dataclass
@@ -176,17 +194,32 @@ async def test_no_overspend_and_no_needless_refusal_at_64_concurrent_requests(
             return r.worst_tokens if metric == "tokens" else r.worst_nano(*prices)
 
         prices = (prompt_price, completion_price)
+        # Each admitted request holds its exact worst case, or more: its estimate's, unless the engine
+        # had it count the prompt (it was admitted on 0 prompt tokens, then topped up to the exact count).
+        topped_up = set(fake_engine.over_reserved)
+        ids = {str(g.messages[0].content): g.request_id for g in fake_engine.received[before:] if g.messages}
+        held_prompt = {id(r): r.exact if ids[r.content] in topped_up else r.estimate for r in admitted}
+        refused_ids = {id(r): tasks[gated.index(r)].result().headers["x-request-id"] for r in refused}
+        at_top_up = {id(r) for r in refused if refused_ids[id(r)] in topped_up}
+
         left = {
             id(b): b.limit - sum(worst(r, b.metric, prices) for r in admitted if b.applies(r))
             for b in budgets
         }
         assert all(v >= 0 for v in left.values()), (budgets, left, seed)
         for req in refused:
-            assert any(b.applies(req) and left[id(b)] < worst(req, b.metric, prices) for b in budgets), (
-                req,
-                budgets,
-                seed,
-            )
+            # Refused at admission: not even on 0 prompt tokens did it fit beside what was held; refused
+            # at its top-up: its exact count did not. Those refused at their top-up held their
+            # completion meanwhile.
+            prompt = req.exact if id(req) in at_top_up else 0
+            assert any(
+                b.applies(req)
+                and b.limit
+                - sum(r.held(b.metric, prices, held_prompt[id(r)]) for r in admitted if b.applies(r))
+                - sum(r.held(b.metric, prices, 0) for r in refused if id(r) in at_top_up and r is not req)
+                < req.held(b.metric, prices, prompt)
+                for b in budgets
+            ), (req, budgets, seed)
 
         fake_engine.gate.set()
         served = sum(assert_answered(r) for r in await asyncio.gather(*tasks))

@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from credentials import TEST_ADMIN_KEY, TEST_SECRET
 from fake_engine import FakeEngine
@@ -124,6 +125,30 @@ def test_chat_is_forwarded_renamed_capped_with_the_engine_key_and_billed_as_repo
     assert (row["prompt_tokens"], row["cached_tokens"], row["completion_tokens"]) == (4, 2, 3)
     assert row["model"] == SERVED and row["status"] == 200 and row["usage_estimated"] is False
     assert answer["usage"]["prompt_tokens"] == 4
+
+
+def test_limits_reserve_a_prompt_bound_from_the_template_measured_once(
+    database_url: str, redis_url: str
+) -> None:
+    """An engine that does not list its template's tokens is asked once (one empty message, one
+    token); a key with a TPM limit then reserves the prompt's bound: its messages' JSON bytes plus that."""
+    upstream = FakeOpenAIEngine(require_key=UPSTREAM_KEY, prompt_overhead=None).start()
+    gw = start_gateway(database_url, redis_url, [f"openai+{upstream.url}"])
+    try:
+        gw.probe()
+        assert upstream.received == [
+            {"model": "upstream-model", "messages": [{"role": "user", "content": ""}], "max_tokens": 1}
+        ]
+        assert gw.pool.prompt_overhead(SERVED) == 0  # the stand-in counts words: none in an empty message
+        resp = gw.http.post("/v1/chat/completions", json=CHAT | {"max_tokens": 3})
+        assert resp.status_code == 200, resp.text
+        bound = len(orjson.dumps(CHAT["messages"][0]))
+        assert int(resp.headers["x-ratelimit-remaining-tokens"]) == 1_000_000 - bound - 3
+        assert len(upstream.received) == 2  # measured once, not per request or probe
+    finally:
+        gw.http.close()
+        gw.server.stop()
+        upstream.stop()
 
 
 @pytest.mark.parametrize("client_wants_usage", [False, True])
