@@ -27,6 +27,7 @@ from engine.layers.quant.checkpoint import (
 )
 from engine.loader import gguf_file, safetensors_files
 from engine.loader.ggml_modules import GgmlBlocks
+from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan
 from engine.loader.progress import ProgressBar
 from engine.model_config import ModelConfig
 from engine.models import model_class_for
@@ -111,18 +112,20 @@ def load_model(
     ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
     blocks = GgmlBlocks()
     keep_blocks = keep_gguf_blocks and quant in ("auto", "int4") and checkpoint.path.suffix == ".gguf"
-    tensors = blocks.filter(
-        checkpoint.tensors(
-            keep_int4=keep_int4, keep_ternary=keep_int4 and ternary_kernel, keep_blocks=keep_blocks
-        )
+    keep = KeepPolicy(
+        int4=keep_int4,
+        ternary=keep_int4 and ternary_kernel,
+        blocks=keep_blocks,
+        q4_kernel=keep_blocks and ternary_kernel,  # the C kernels' path, where they build
     )
+    tensors = _route(checkpoint.tensors(keep), packed, blocks)
     tied = checkpoint.config.tie_word_embeddings
     _load_weights(
         model, packed.filter(tensors), bar, lambda: packed.parameter_names() | blocks.parameter_names(tied)
     )
     if bar is not None:
         bar.close()
-    if keep_int4 and packed.tensors:
+    if keep_int4 and packed.held():
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)
@@ -147,9 +150,9 @@ class _Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    tensors: Callable[..., Iterator[tuple[str, torch.Tensor]]]
-    """``tensors(keep_int4=..., keep_ternary=...)``: GGUF files keep Q4 (ternary) linears packed when
-    asked; directories ignore it."""
+    tensors: Callable[[KeepPolicy], Iterator[PlannedTensor]]
+    """The tensors on the plan a GGUF file's header and the policy give (``plan.gguf_plan``, decided
+    before any data is read); a directory's are all float, whatever the policy."""
 
 
 def load_config(path: str | Path | None = None) -> ModelConfig:
@@ -168,9 +171,7 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: (
-                safetensors_files.iter_tensors(files)
-            ),
+            tensors=lambda keep: iter(float_tensors(safetensors_files.iter_tensors(files))),
         )
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
@@ -185,19 +186,36 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: gguf_file.iter_tensors(
+            tensors=lambda keep: gguf_file.iter_tensors(
                 reader,
-                architecture,
-                config.num_attention_heads,
-                config.num_key_value_heads,
-                keep_int4=keep_int4,
-                keep_ternary=keep_ternary,
-                keep_blocks=keep_blocks,
+                gguf_plan(
+                    gguf_file.headers(reader),
+                    architecture,
+                    config.num_attention_heads,
+                    config.num_key_value_heads,
+                    keep,
+                ),
             ),
         )
     if path.exists():
         raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
     raise FileNotFoundError(f"model path {path} does not exist")
+
+
+def _route(
+    tensors: Iterator[PlannedTensor], packed: QuantizedTensors, blocks: GgmlBlocks
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The float tensors of the stream, by name; blocks go where their plan says, held by module."""
+    for item in tensors:
+        plan = item.plan
+        if plan.form is Form.GGML_BLOCKS:
+            blocks.keep(plan.module, item.tensor, plan.ggml_type)
+        elif plan.form is Form.Q4_KERNEL:
+            blocks.keep_q4(plan.module, item.tensor, plan.ggml_type)
+        elif plan.form in (Form.INT4_BLOCKS, Form.TERNARY_BLOCKS):
+            packed.keep_gguf_blocks(plan.module, item.tensor, plan.ggml_type.name)
+        else:
+            yield plan.name, item.tensor
 
 
 @contextmanager
