@@ -27,7 +27,7 @@ from engine.layers.quant.checkpoint import (
 )
 from engine.loader import gguf_file, safetensors_files
 from engine.loader.ggml_modules import GgmlBlocks
-from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan
+from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan, keep_policy
 from engine.loader.progress import ProgressBar
 from engine.model_config import ModelConfig
 from engine.models import model_class_for
@@ -103,21 +103,21 @@ def load_model(
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     detected, quant_config = checkpoint_quant(checkpoint.path)
     method = resolve_quant(quant, detected)
-    keep_int4 = method == "int4" or (keep_gguf_int4 and quant == "auto" and checkpoint.path.suffix == ".gguf")
-    model = _build_model(checkpoint.config, device, dtype)
-    bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
-    packed = QuantizedTensors("int4" if keep_int4 else method)
     # The fast path's ternary weights (a TQ1_0/TQ2_0 GGUF's, a BitNet checkpoint's) go to the ternary C
     # kernel as they are loaded: two bits a weight, no float or int8 copy of the model.
     ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
-    blocks = GgmlBlocks()
-    keep_blocks = keep_gguf_blocks and quant in ("auto", "int4") and checkpoint.path.suffix == ".gguf"
-    keep = KeepPolicy(
-        int4=keep_int4,
-        ternary=keep_int4 and ternary_kernel,
-        blocks=keep_blocks,
-        q4_kernel=keep_blocks and ternary_kernel,  # the C kernels' path, where they build
+    keep = keep_policy(
+        method=method,
+        quant=quant,
+        gguf=checkpoint.path.suffix == ".gguf",
+        fast_path=keep_gguf_int4,
+        own_blocks=keep_gguf_blocks,
+        c_kernels=ternary_kernel,
     )
+    model = _build_model(checkpoint.config, device, dtype)
+    bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
+    packed = QuantizedTensors("int4" if keep.int4 else method)
+    blocks = GgmlBlocks()
     tensors = _route(checkpoint.tensors(keep), packed, blocks)
     tied = checkpoint.config.tie_word_embeddings
     _load_weights(
@@ -125,7 +125,7 @@ def load_model(
     )
     if bar is not None:
         bar.close()
-    if keep_int4 and packed.held():
+    if keep.int4 and packed.held():
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)

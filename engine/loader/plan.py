@@ -65,6 +65,17 @@ class KeepPolicy:
     rather than to an ``Int4Linear``."""
 
 
+def keep_policy(
+    *, method: str, quant: str, gguf: bool, fast_path: bool, own_blocks: bool, c_kernels: bool
+) -> KeepPolicy:
+    """The policy ``load_model``'s arguments ask for: ``method`` the resolved quantization, ``quant``
+    the requested one, ``fast_path`` / ``own_blocks`` its ``keep_gguf_int4`` / ``keep_gguf_blocks``
+    (``ServingPlan``), ``c_kernels`` whether the C kernels take the fast path's weights here."""
+    int4 = method == "int4" or (fast_path and quant == "auto" and gguf)
+    blocks = own_blocks and quant in ("auto", "int4") and gguf
+    return KeepPolicy(int4=int4, ternary=int4 and c_kernels, blocks=blocks, q4_kernel=blocks and c_kernels)
+
+
 @dataclass(frozen=True)
 class TensorPlan:
     """One tensor's decided fate."""

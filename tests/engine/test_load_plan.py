@@ -17,7 +17,7 @@ from engine.layers.stacking import stack_linears
 from engine.loader import gguf_file
 from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from engine.loader.load import default_model_path, load_model
-from engine.loader.plan import Form, KeepPolicy, gguf_plan
+from engine.loader.plan import Form, KeepPolicy, gguf_plan, keep_policy
 
 needs_c_kernels = pytest.mark.skipif(not cpu_kernels.available(), reason="the C kernels do not build here")
 LAID_OUT = ("qweight", "scales", "mins")
@@ -116,3 +116,15 @@ def test_the_default_model_on_the_c_kernels_never_holds_int4_codes() -> None:
             new_linear, old_linear = a.get_submodule(name), b.get_submodule(name)
             assert isinstance(new_linear, Q4CpuLinear) and isinstance(old_linear, Q4CpuLinear)
             assert_same_layout(new_linear, old_linear)
+
+
+def test_the_keep_policy_follows_the_serving_plan() -> None:
+    fast = {"method": "none", "quant": "auto", "fast_path": True, "own_blocks": True, "c_kernels": True}
+    assert keep_policy(gguf=True, **fast) == KeepPolicy(int4=True, ternary=True, blocks=True, q4_kernel=True)
+    # without the C kernels, Q4 linears still stay packed, for torch's int4 kernel
+    torch_int4 = keep_policy(gguf=True, **(fast | {"own_blocks": False, "c_kernels": False}))
+    assert torch_int4 == KeepPolicy(int4=True)
+    # a directory has no GGML blocks; --quant none dequantizes everything; AWQ keeps its int4 tensors
+    assert keep_policy(gguf=False, **fast) == KeepPolicy()
+    assert keep_policy(gguf=True, **(fast | {"quant": "none"})) == KeepPolicy()
+    assert keep_policy(gguf=False, **(fast | {"method": "int4", "quant": "auto"})).int4
