@@ -144,12 +144,15 @@ class StackedLinear(nn.Module):
         return torch.cat([p(x) for p in self.parts], dim=-1)
 
 
-def stack_ggml_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
-    """A :class:`StackedLinear` of parts of which some are :class:`GgmlLinear` (the others ``Int4Linear``,
-    a file's Q4_0/Q4_1 blocks, which become ``Q4CpuLinear`` after); None where they cannot be stacked
-    (other kinds, widths or biases). Never one concatenated weight, even of one type: the parts are
-    views of the file's mapping, and a copy would leave their pages resident beside it."""
-    if not all(isinstance(p, GgmlLinear | Int4Linear) for p in parts):
+def stack_ggml_linears(
+    parts: Sequence[nn.Module], kinds: tuple[type[nn.Module], ...] = (GgmlLinear, Int4Linear)
+) -> nn.Module | None:
+    """A :class:`StackedLinear` of parts of which some are :class:`GgmlLinear` (the others of
+    ``kinds``: a file's Q4_0/Q4_1 blocks as ``Int4Linear``, which become ``Q4CpuLinear`` after, or as
+    ``Q4CpuLinear`` already); None where they cannot be stacked (other kinds, widths or biases).
+    Never one concatenated weight, even of one type: the parts are views of the file's mapping, and
+    a copy would leave their pages resident beside it."""
+    if not all(isinstance(p, kinds) for p in parts):
         return None
     if len({p.in_features for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return None

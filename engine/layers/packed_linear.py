@@ -202,8 +202,20 @@ class Q4CpuLinear(nn.Module):
 
     format = "q4_1"
 
-    def __init__(self, linear: Int4Linear) -> None:
+    def __init__(
+        self, linear: Int4Linear | None, *, laid_out: tuple[torch.Tensor, ...] = (), out_features: int = 0
+    ) -> None:
+        """From an ``Int4Linear`` (AWQ, RTN), or, with ``linear`` None, from ``laid_out``: the kernel's
+        (qweight, scales, mins) of ``out_features`` rows, as :meth:`from_gguf_blocks` and
+        :meth:`stacked` make them."""
         super().__init__()
+        self.bias: torch.Tensor | None = None
+        if linear is None:
+            self.qweight, self.scales, self.mins = laid_out
+            tiled = self.qweight.dim() == 4  # [tiles, K / 32, 8, 32], else [N, K / 2]
+            self.in_features = self.qweight.shape[1] * (cpu_kernels.BLOCK if tiled else 2)
+            self.out_features = out_features
+            return
         weight = linear.int4_weight()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         repeat = weight.group_size // cpu_kernels.BLOCK
@@ -215,6 +227,35 @@ class Q4CpuLinear(nn.Module):
             # what the kernel reads: the mins tile by tile, codes and scales too in the VNNI build
             self.qweight, self.scales, self.mins = cpu_kernels.q4_1_kernel_layout(packed, self.scales, mins)
         self.bias = None if linear.bias is None else linear.bias.detach().float()
+
+    @classmethod
+    def from_gguf_blocks(cls, blocks: torch.Tensor, quant_type: str) -> Q4CpuLinear:
+        """A GGUF ``Q4_0``/``Q4_1`` tensor's rows of blocks (uint8 ``[N, K/32 * block bytes]``, not
+        kept: may be views of the file) split into the kernel's layout. Q4_1's codes are already in
+        it (byte j of a block: element j low, j + 16 high); Q4_0 is Q4_1 with ``min = -8 * d``."""
+        header = {"Q4_0": 2, "Q4_1": 4}[quant_type]
+        n = blocks.shape[0]
+        raw = blocks.reshape(n, -1, header + cpu_kernels.BLOCK // 2)
+        scales = raw[..., 0:2].contiguous().view(torch.float16).reshape(n, -1)
+        if quant_type == "Q4_0":
+            mins = (-8 * scales.float()).half()
+        else:
+            mins = raw[..., 2:4].contiguous().view(torch.float16).reshape(n, -1)
+        packed = raw[..., header:].reshape(n, -1).contiguous()
+        return cls(None, laid_out=cpu_kernels.q4_1_kernel_layout(packed, scales, mins), out_features=n)
+
+    @staticmethod
+    def stacked(parts: list[Q4CpuLinear]) -> Q4CpuLinear | None:
+        """The parts side by side in the output (q/k/v, gate/up), their laid-out weights joined; None
+        where a tile would straddle two parts (a part before the last has rows past a whole tile)."""
+        straddles = any(p.out_features % cpu_kernels.TILE_N for p in parts[:-1])
+        if straddles or len({p.bias is None for p in parts}) != 1:
+            return None
+        laid_out = tuple(torch.cat([getattr(p, a) for p in parts]) for a in ("qweight", "scales", "mins"))
+        stacked = Q4CpuLinear(None, laid_out=laid_out, out_features=sum(p.out_features for p in parts))
+        if parts[0].bias is not None:
+            stacked.bias = torch.cat([p.bias for p in parts if p.bias is not None])
+        return stacked
 
     @staticmethod
     def supports(linear: Int4Linear) -> bool:

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from engine.layers.ggml_linear import GgmlLinear, stack_ggml_linears
+from engine.layers.packed_linear import Q4CpuLinear
 from engine.layers.quant.linear import Int4Linear
 from engine.layers.quant.weights import Int4Weight
 from engine.layers.ternary_linear import TernaryCpuLinear
@@ -17,8 +18,12 @@ from engine.layers.ternary_linear import TernaryCpuLinear
 def stack_linears(parts: Sequence[nn.Module]) -> nn.Module | None:
     """One linear whose output is ``parts``' outputs side by side, or None when they cannot be stacked
     (mixed kinds, biases on some only, different INT4 group sizes or backends)."""
-    if any(isinstance(p, GgmlLinear) for p in parts):
-        return stack_ggml_linears(parts)
+    q4 = [p for p in parts if isinstance(p, Q4CpuLinear)]  # a GGUF's Q4 blocks, laid out at load
+    stacked_q4 = Q4CpuLinear.stacked(q4) if len(q4) == len(parts) else None
+    if stacked_q4 is not None:
+        return stacked_q4
+    if q4 or any(isinstance(p, GgmlLinear) for p in parts):
+        return stack_ggml_linears(parts, (GgmlLinear, Int4Linear, Q4CpuLinear))
     if len({type(p) for p in parts}) != 1 or len({p.bias is None for p in parts}) != 1:
         return None
     first = parts[0]

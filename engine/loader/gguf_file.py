@@ -1,8 +1,6 @@
-"""GGUF files: metadata as a dict, and tensors under Hugging Face names, dequantized to float or
-kept as their raw blocks: Q4_0/Q4_1 linears under ``--quant int4`` (and TQ1_0/TQ2_0 ones on the CPU
-fast path), and (``keep_blocks``, the C kernels' path) every linear, embedding and output head whose
-type runs in its own blocks (``engine/cpu/ggml_kernels.py``), plus an untied embedding of any
-quantized type.
+"""GGUF files: metadata as a dict, tensor headers under Hugging Face names (what the load plan,
+``engine/loader/plan.py``, decides from), and the tensors themselves as their plan says: dequantized
+to float or kept as their raw blocks.
 
 The file is mapped copy-on-write: blocks kept are views of the mapping (no copy; what the kernels'
 layout rearranges in place becomes the process's own pages), and the pages of every tensor that was
@@ -18,7 +16,7 @@ from __future__ import annotations
 
 import mmap
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +24,9 @@ import gguf
 import numpy as np
 import torch
 
-from engine.cpu import ggml_kernels
-from engine.families import FAMILIES, family_for_gguf
-from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES, GGUF_TERNARY_SUFFIXES
+from engine.families import FAMILIES
 from engine.loader.gguf_reader import GgufFile, GgufTensor
+from engine.loader.plan import Form, PlannedTensor, TensorHeader, TensorPlan
 from engine.model_config import ROPE_FREQS_TENSOR
 
 _GLOBAL_NAMES = {
@@ -49,14 +46,6 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
 } | {part: module for family in FAMILIES for part, module in family.gguf_layer_tensors.items()}
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-# GGML type name -> the name suffix its raw blocks are passed on under (see QuantizedTensors).
-_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
-_INT4_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_INT4_SUFFIXES.items()}
-_TERNARY_SUFFIX_BY_TYPE = {type_name: suffix for suffix, type_name in GGUF_TERNARY_SUFFIXES.items()}
-
-
-BLOCKS_SUFFIX = ".ggml_blocks_"
-"""``<module><BLOCKS_SUFFIX><GGML type name>``: a tensor's raw blocks, kept for its own kernel."""
 
 
 def open_gguf(path: str | Path) -> GgufFile:
@@ -120,60 +109,44 @@ def dequantize(tensor: GgufTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def _kept_blocks(tensor: GgufTensor, name: str, tied: bool) -> bool:
-    """Whether the C kernels' path keeps this tensor as its blocks (``keep_blocks``)."""
-    ggml_type, width = tensor.tensor_type, int(tensor.shape[0])
-    runs = ggml_kernels.kernel_format(ggml_type, width) is not None
-    runs = runs and ggml_kernels.serving_path(ggml_type) != "q8_0"  # measured faster converted, on this CPU
-    if name == "model.embed_tokens.weight":  # untied, only rows are looked up: any quantized type
-        return runs or (not tied and ggml_type not in _FLOAT_TYPES)
-    return runs and (name == "lm_head.weight" or (".layers." in name and name.endswith("_proj.weight")))
-
-
-def iter_tensors(
-    reader: GgufFile,
-    architecture: str,
-    num_heads: int,
-    num_kv_heads: int,
-    *,
-    keep_int4: bool = False,
-    keep_ternary: bool = False,
-    keep_blocks: bool = False,
-) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor) for every tensor in the file.
-
-    With ``keep_int4``, each decoder linear stored as Q4_0/Q4_1 comes instead as its raw blocks,
-    uint8 ``[N, K/32 * block bytes]``, named ``<module>.gguf_q4_0`` / ``.gguf_q4_1``: the loader
-    builds ``Int4Linear`` modules from them without going through float. With ``keep_ternary``, so
-    does each TQ1_0/TQ2_0 one (``.gguf_tq1_0`` / ``.gguf_tq2_0``), for the ternary C kernel. With
-    ``keep_blocks``, the tensors :func:`_kept_blocks` picks come as their blocks too, as views of the
-    file, named ``<module>.ggml_blocks_<type>`` (``engine/layers/ggml_linear.py`` runs them).
-    """
-    permuted = family_for_gguf(architecture).gguf_qk_permuted
-    tied = "output.weight" not in {t.name for t in reader.tensors}
-    for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS_TENSOR:
-            continue  # read into the config (rope_freq_factors)
-        name = hf_tensor_name(tensor.name)
-        type_name = tensor.tensor_type.name
-        packed_suffix = (_INT4_SUFFIX_BY_TYPE.get(type_name) if keep_int4 else None) or (
-            _TERNARY_SUFFIX_BY_TYPE.get(type_name) if keep_ternary else None
+def headers(reader: GgufFile) -> list[TensorHeader]:
+    """What the load plan reads of each tensor (``engine/loader/plan.py``): never its data."""
+    return [
+        TensorHeader(
+            t.name,
+            t.name if t.name == ROPE_FREQS_TENSOR else hf_tensor_name(t.name),
+            t.tensor_type,
+            int(t.shape[0]),
         )
-        kept = keep_blocks and _kept_blocks(tensor, name, tied)
-        if kept:
+        for t in reader.tensors
+    ]
+
+
+def iter_tensors(reader: GgufFile, plans: Mapping[str, TensorPlan]) -> Iterator[PlannedTensor]:
+    """Every tensor of the file as its plan says (``plan.gguf_plan``), in the file's order.
+
+    ``FLOAT``: dequantized to float32. ``INT4_BLOCKS`` / ``TERNARY_BLOCKS``: a copy of the raw blocks,
+    uint8 ``[N, K/32 * block bytes]``, converted by the loader. ``GGML_BLOCKS``: the blocks as views
+    of the file (``engine/layers/ggml_linear.py`` runs them). ``Q4_KERNEL``: views of the file too,
+    which the loader lays out before it takes the next tensor; their pages are then handed back.
+    ``CONFIG`` tensors are skipped.
+    """
+    for tensor in reader.tensors:
+        plan = plans[tensor.name]
+        if plan.form is Form.CONFIG:
+            continue  # read into the config (rope_freq_factors)
+        kept = plan.form is Form.GGML_BLOCKS
+        if kept or plan.form is Form.Q4_KERNEL:
             values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks
-            name = name.removesuffix(".weight") + BLOCKS_SUFFIX + type_name
-        elif packed_suffix is not None and ".layers." in name and name.endswith("_proj.weight"):
-            values = np.array(tensor.data)  # rows of blocks, a copy: converted by the loader
-            name = name.removesuffix(".weight") + packed_suffix
-        else:
+        elif plan.form is Form.FLOAT:
             values = dequantize(tensor)
-        if permuted and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
-            heads = num_heads if ".attn_q." in tensor.name else num_kv_heads
+        else:
+            values = np.array(tensor.data)  # rows of blocks, a copy: converted by the loader
+        if plan.permuted_heads is not None:
             if kept:  # in place: the rows become this process's own pages of the mapping
-                values[...] = unpermute_rope_rows(values, heads)
+                values[...] = unpermute_rope_rows(values, plan.permuted_heads)
             else:
-                values = unpermute_rope_rows(values, heads)
-        if not kept:
+                values = unpermute_rope_rows(values, plan.permuted_heads)
+        yield PlannedTensor(plan, torch.from_numpy(values if values.flags.writeable else values.copy()))
+        if not kept:  # after the loader took what it keeps (Q4_KERNEL: laid out from the view, at once)
             _release(reader, tensor)
-        yield name, torch.from_numpy(values if values.flags.writeable else values.copy())

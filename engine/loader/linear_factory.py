@@ -12,7 +12,9 @@ Weight formats (:class:`WeightFormat`, found by the module's exact type in ``MOD
 - ``FLOAT``: ``nn.Linear`` (float checkpoints, and GGUF tensors the reader dequantized, such as the
   default model's Q8_0 tied embedding / lm_head);
 - ``INT4``: ``Int4Linear``, group-wise ``code * scale + min``: GGML Q4_0 and Q4_1 blocks kept as they
-  are (``keep_gguf_int4``), AutoAWQ GEMM checkpoints, RTN-quantized float checkpoints;
+  are (``keep_gguf_int4``) off the C kernels, AutoAWQ GEMM checkpoints, RTN-quantized float
+  checkpoints. On ``C_F32`` a GGUF's Q4_0/Q4_1 linears load straight into ``Q4CpuLinear`` (the load
+  plan's ``Form.Q4_KERNEL``, ``engine/loader/plan.py``), which needs no row;
 - ``TERNARY``: ``TernaryLinear`` (BitNet b1.58, a float checkpoint ternarized with ``--quant bitnet``):
   ``C_F32`` runs it on the ternary C kernel (``TernaryCpuLinear``, two bits a weight). A TQ1_0/TQ2_0
   GGUF's linears and a packed BitNet checkpoint's load straight into ``TernaryCpuLinear`` on the fast
@@ -33,8 +35,8 @@ How a new GGML type's kernel plugs in (say IQ4_NL, with a C kernel in ``engine/c
 1. The kernel and its plain-torch reference in ``engine/cpu`` (``kquant_kernels.c`` and
    ``ggml_kernels.py``'s ctypes call and ``matmul_ref``), tested against each other.
 2. One entry in ``engine/cpu/ggml_kernels.py``'s ``KERNEL_TYPES`` (GGML type -> ``KernelFormat``). From
-   then on the GGUF reader keeps that type's blocks on ``C_F32`` (``ServingPlan.keep_gguf_blocks``,
-   ``engine/loader/gguf_file.py``), the loader installs them as a ``GgmlLinear`` (format ``GGML``),
+   then on the load plan keeps that type's blocks on ``C_F32`` (``ServingPlan.keep_gguf_blocks``,
+   ``Form.GGML_BLOCKS`` in ``engine/loader/plan.py``), the loader installs them as a ``GgmlLinear``,
    and that module runs the kernel: no row here is needed. If the one-call decoder layer should run
    it too, its ``c_id`` is handled in ``layer_kernels.c`` (``engine/models/llama_decode_kernel.py``).
 3. A kernel for a module kind of its own (not GGUF blocks: say an FP8 checkpoint's linears) is a new

@@ -27,6 +27,7 @@ from engine.layers.quant.checkpoint import (
 )
 from engine.loader import gguf_file, safetensors_files
 from engine.loader.ggml_modules import GgmlBlocks
+from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan, keep_policy
 from engine.loader.progress import ProgressBar
 from engine.model_config import ModelConfig
 from engine.models import model_class_for
@@ -102,27 +103,29 @@ def load_model(
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     detected, quant_config = checkpoint_quant(checkpoint.path)
     method = resolve_quant(quant, detected)
-    keep_int4 = method == "int4" or (keep_gguf_int4 and quant == "auto" and checkpoint.path.suffix == ".gguf")
-    model = _build_model(checkpoint.config, device, dtype)
-    bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
-    packed = QuantizedTensors("int4" if keep_int4 else method)
     # The fast path's ternary weights (a TQ1_0/TQ2_0 GGUF's, a BitNet checkpoint's) go to the ternary C
     # kernel as they are loaded: two bits a weight, no float or int8 copy of the model.
     ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
-    blocks = GgmlBlocks()
-    keep_blocks = keep_gguf_blocks and quant in ("auto", "int4") and checkpoint.path.suffix == ".gguf"
-    tensors = blocks.filter(
-        checkpoint.tensors(
-            keep_int4=keep_int4, keep_ternary=keep_int4 and ternary_kernel, keep_blocks=keep_blocks
-        )
+    keep = keep_policy(
+        method=method,
+        quant=quant,
+        gguf=checkpoint.path.suffix == ".gguf",
+        fast_path=keep_gguf_int4,
+        own_blocks=keep_gguf_blocks,
+        c_kernels=ternary_kernel,
     )
+    model = _build_model(checkpoint.config, device, dtype)
+    bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
+    packed = QuantizedTensors("int4" if keep.int4 else method)
+    blocks = GgmlBlocks()
+    tensors = _route(checkpoint.tensors(keep), packed, blocks)
     tied = checkpoint.config.tie_word_embeddings
     _load_weights(
         model, packed.filter(tensors), bar, lambda: packed.parameter_names() | blocks.parameter_names(tied)
     )
     if bar is not None:
         bar.close()
-    if keep_int4 and packed.tensors:
+    if keep.int4 and packed.held():
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)
@@ -147,9 +150,9 @@ class _Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    tensors: Callable[..., Iterator[tuple[str, torch.Tensor]]]
-    """``tensors(keep_int4=..., keep_ternary=...)``: GGUF files keep Q4 (ternary) linears packed when
-    asked; directories ignore it."""
+    tensors: Callable[[KeepPolicy], Iterator[PlannedTensor]]
+    """The tensors on the plan a GGUF file's header and the policy give (``plan.gguf_plan``, decided
+    before any data is read); a directory's are all float, whatever the policy."""
 
 
 def load_config(path: str | Path | None = None) -> ModelConfig:
@@ -168,9 +171,7 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: (
-                safetensors_files.iter_tensors(files)
-            ),
+            tensors=lambda keep: iter(float_tensors(safetensors_files.iter_tensors(files))),
         )
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
@@ -185,19 +186,36 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: gguf_file.iter_tensors(
+            tensors=lambda keep: gguf_file.iter_tensors(
                 reader,
-                architecture,
-                config.num_attention_heads,
-                config.num_key_value_heads,
-                keep_int4=keep_int4,
-                keep_ternary=keep_ternary,
-                keep_blocks=keep_blocks,
+                gguf_plan(
+                    gguf_file.headers(reader),
+                    architecture,
+                    config.num_attention_heads,
+                    config.num_key_value_heads,
+                    keep,
+                ),
             ),
         )
     if path.exists():
         raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
     raise FileNotFoundError(f"model path {path} does not exist")
+
+
+def _route(
+    tensors: Iterator[PlannedTensor], packed: QuantizedTensors, blocks: GgmlBlocks
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """The float tensors of the stream, by name; blocks go where their plan says, held by module."""
+    for item in tensors:
+        plan = item.plan
+        if plan.form is Form.GGML_BLOCKS:
+            blocks.keep(plan.module, item.tensor, plan.ggml_type)
+        elif plan.form is Form.Q4_KERNEL:
+            blocks.keep_q4(plan.module, item.tensor, plan.ggml_type)
+        elif plan.form in (Form.INT4_BLOCKS, Form.TERNARY_BLOCKS):
+            packed.keep_gguf_blocks(plan.module, item.tensor, plan.ggml_type.name)
+        else:
+            yield plan.name, item.tensor
 
 
 @contextmanager

@@ -6,8 +6,9 @@
 A GGUF file is ``none`` under ``auto``; with ``int4`` its Q4_0/Q4_1 linears stay packed.
 
 While the loader streams tensors into the float model, :class:`QuantizedTensors` keeps the packed
-ones (AWQ ``qweight``/``qzeros``/``scales``; raw GGUF Q4 blocks, named ``<module>.gguf_q4_0`` or
-``.gguf_q4_1`` by the GGUF reader; BitNet ``uint8`` weights and ``weight_scale``) aside;
+ones aside (AWQ ``qweight``/``qzeros``/``scales`` and BitNet ``uint8`` weights and ``weight_scale``,
+by their checkpoint names; a GGUF file's Q4_0/Q4_1/TQ1_0/TQ2_0 blocks, handed over by the loader with
+their GGML type where the load plan keeps them: ``engine/loader/plan.py``);
 :func:`apply_quantization` then swaps the matching ``nn.Linear`` modules for quantized ones.
 """
 
@@ -22,6 +23,7 @@ import torch
 from torch import nn
 
 from engine.layers.quant.formats import (
+    GGUF_TERNARY_TYPES,
     int4_from_awq_gemm,
     int4_from_gguf,
     ternary_from_bitnet,
@@ -34,10 +36,8 @@ QuantChoice = Literal["auto", "none", "int4", "bitnet"]
 QUANT_CHOICES: tuple[str, ...] = ("auto", "none", "int4", "bitnet")
 DEFAULT_GROUP_SIZE = 128
 _AWQ_SUFFIXES = (".qweight", ".qzeros", ".scales")
-GGUF_INT4_SUFFIXES = {".gguf_q4_0": "Q4_0", ".gguf_q4_1": "Q4_1"}
-"""Raw GGUF blocks of a linear kept packed under ``--quant int4``: name suffix -> GGML type."""
-GGUF_TERNARY_SUFFIXES = {".gguf_tq1_0": "TQ1_0", ".gguf_tq2_0": "TQ2_0"}
-"""Raw GGUF ternary blocks kept packed with the Q4 ones (on CPU, for the ternary C kernel)."""
+GGUF_INT4_TYPES = ("Q4_0", "Q4_1")
+"""GGML types of the raw GGUF blocks a linear keeps packed under ``--quant int4``."""
 _BITNET_SCALE = ".weight_scale"
 
 
@@ -81,10 +81,22 @@ class QuantizedTensors:
     def __init__(self, method: str) -> None:
         self.method = method
         self.tensors: dict[str, dict[str, torch.Tensor]] = {}
+        self.gguf_blocks: dict[str, tuple[torch.Tensor, str]] = {}
+        """module -> (its raw GGUF blocks, their GGML type name), from :meth:`keep_gguf_blocks`."""
+
+    def keep_gguf_blocks(self, module: str, blocks: torch.Tensor, ggml_type: str) -> None:
+        """A GGUF linear's Q4_0/Q4_1 (TQ1_0/TQ2_0) blocks, which the load plan keeps packed."""
+        if ggml_type not in (*GGUF_INT4_TYPES, *GGUF_TERNARY_TYPES):
+            raise ValueError(f"{module}: GGUF {ggml_type} blocks cannot be kept packed")
+        self.gguf_blocks[module] = (blocks, ggml_type)
+
+    def held(self) -> bool:
+        """Whether any packed weight was kept (else a quantizing method quantizes the float model)."""
+        return bool(self.tensors or self.gguf_blocks)
 
     def _part(self, name: str, tensor: torch.Tensor) -> tuple[str, str] | None:
         if self.method == "int4":
-            suffixes: Iterable[str] = (*_AWQ_SUFFIXES, *GGUF_INT4_SUFFIXES, *GGUF_TERNARY_SUFFIXES)
+            suffixes: Iterable[str] = _AWQ_SUFFIXES
         elif self.method == "bitnet":
             if name.endswith(".weight") and tensor.dtype != torch.uint8:
                 return None
@@ -107,34 +119,33 @@ class QuantizedTensors:
 
     def parameter_names(self) -> set[str]:
         """The float parameters the packed tensors stand in for (absent from the checkpoint)."""
-        return {module + ".weight" for module in self.tensors}
+        return {module + ".weight" for module in (*self.tensors, *self.gguf_blocks)}
 
     def weights(
         self, model: nn.Module, quant_config: Mapping[str, Any]
     ) -> Iterator[tuple[str, Int4Weight | TernaryWeight | TernaryBlockWeight]]:
         """(module, weight) one at a time: a ternary weight unpacked to one int8 a value exists for one
         module at a time, not for the whole model."""
+        for module, (blocks, ggml_type) in self.gguf_blocks.items():
+            shape = _linear_shape(model.get_submodule(module))
+            if ggml_type in GGUF_TERNARY_TYPES:
+                yield module, ternary_from_gguf(blocks, shape, ggml_type)
+            else:
+                yield module, int4_from_gguf(blocks, shape, ggml_type)
         for module, parts in self.tensors.items():
             shape = _linear_shape(model.get_submodule(module))
-            if self.method == "int4" and parts.keys() & GGUF_TERNARY_SUFFIXES.keys():
-                suffix = next(s for s in parts if s in GGUF_TERNARY_SUFFIXES)
-                _check_parts(module, parts, (suffix,))
-                yield module, ternary_from_gguf(parts[suffix], shape, GGUF_TERNARY_SUFFIXES[suffix])
-            elif self.method == "int4":
-                yield module, _int4_weight(module, parts, shape, quant_config)
+            if self.method == "int4":
+                _check_parts(module, parts, _AWQ_SUFFIXES)
+                yield module, _int4_weight(parts, shape, quant_config)
             else:
                 _check_parts(module, parts, (".weight", _BITNET_SCALE))
                 yield module, ternary_from_bitnet(parts[".weight"], parts[_BITNET_SCALE], shape[0])
 
 
 def _int4_weight(
-    module: str, parts: Mapping[str, torch.Tensor], shape: tuple[int, int], quant_config: Mapping[str, Any]
+    parts: Mapping[str, torch.Tensor], shape: tuple[int, int], quant_config: Mapping[str, Any]
 ) -> Int4Weight:
-    """One linear's raw GGUF Q4 blocks, or its AutoAWQ tensors (possibly padded past ``shape``)."""
-    if len(parts) == 1 and next(iter(parts)) in GGUF_INT4_SUFFIXES:
-        suffix, blocks = next(iter(parts.items()))
-        return int4_from_gguf(blocks, shape, GGUF_INT4_SUFFIXES[suffix])
-    _check_parts(module, parts, _AWQ_SUFFIXES)
+    """One linear's AutoAWQ tensors (possibly padded past ``shape``)."""
     group_size = int(quant_config.get("group_size", quant_config.get("q_group_size", DEFAULT_GROUP_SIZE)))
     return int4_from_awq_gemm(parts[".qweight"], parts[".qzeros"], parts[".scales"], group_size, shape)
 
@@ -157,7 +168,7 @@ def apply_quantization(
     ``ternary_kernel``, a BitNet checkpoint's go to the ternary C kernel (``install_quantized_weights``)."""
     if method == "none":
         return
-    if packed.tensors:
+    if packed.held():
         install_quantized_weights(model, packed.weights(model, quant_config), ternary_kernel=ternary_kernel)
     else:
         quantize_linears(model, "int4" if method == "int4" else "bitnet", group_size=group_size)
