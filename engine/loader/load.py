@@ -43,7 +43,7 @@ _QUANT_SUFFIXES = tuple(t.name for t in gguf_file.gguf.GGMLQuantizationType)
 
 @dataclass
 class LoadedModel:
-    model: nn.Module
+    model: LlamaForCausalLM
     """`LlamaForCausalLM` in eval mode on the requested device and dtype."""
     tokenizer: Tokenizer
     config: ModelConfig
