@@ -16,8 +16,11 @@ up: $(UP_STAMP)
 test: $(TEST_STAMP)
 	$(PY) -m pytest
 
+# ruff, then dead code (vulture, configured in pyproject.toml), the size rule (lint/size_rule.py), mypy.
 lint: $(TEST_STAMP)
-	$(VENV)/bin/ruff check gateway engine protocol bench tests migrations tern_cli tern_stack
+	$(VENV)/bin/ruff check gateway engine protocol bench tests migrations tern_cli tern_stack lint
+	$(VENV)/bin/vulture
+	$(PY) lint/size_rule.py
 	$(VENV)/bin/mypy
 
 $(VENV)/bin/python:
@@ -44,7 +47,7 @@ $(UP_STAMP): pyproject.toml $(VENV)/bin/python
 
 $(TEST_STAMP): pyproject.toml $(VENV)/bin/python
 	$(PIP) torch==2.13.0
-	$(PIP) -e '.[test]' ruff mypy
+	$(PIP) -e '.[test]' ruff mypy vulture==2.16
 	$(PIP) --no-deps docker-compose==1.29.2  # only for its Compose JSON schema (tests/test_compose_schema.py)
 	$(install_servers)
 	$(install_chromium)

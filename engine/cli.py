@@ -17,6 +17,16 @@ from protocol.rpc import HEALTH_PATH, MODELS_PATH
 def build_parser() -> argparse.ArgumentParser:
     defaults = EngineConfig()
     p = argparse.ArgumentParser(prog="tern engine", description="Serve a model with the Tern engine.")
+    _model_and_batch_args(p, defaults)
+    _execution_args(p, defaults)
+    _threads_and_speculation_args(p, defaults)
+    _integration_args(p, defaults)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _model_and_batch_args(p: argparse.ArgumentParser, defaults: EngineConfig) -> None:
+    """The model, where it serves, and the KV cache and batch sizes."""
     p.add_argument("--model", help="HF model directory or .gguf file (default: SmolLM2-135M-Instruct GGUF)")
     p.add_argument(
         "--served-model-name", help="name in /v1/models and the 'model' field (default: from the file)"
@@ -43,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-model-len", type=int, help="context limit (default: the model's, capped by the cache)"
     )
+
+
+def _execution_args(p: argparse.ArgumentParser, defaults: EngineConfig) -> None:
+    """How each step runs: chunking, CUDA graphs, the prefix cache, quantization, the CPU kernels."""
     p.add_argument(
         "--no-chunked-prefill",
         dest="enable_chunked_prefill",
@@ -81,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="on CPU in float32, do not keep a second, MKL-packed copy of each weight "
         "(it makes decode steps of 6 to 16 sequences faster)",
     )
+
+
+def _threads_and_speculation_args(p: argparse.ArgumentParser, defaults: EngineConfig) -> None:
+    """CPU threads, n-gram speculative decoding and OpenMP's wait policy."""
     p.add_argument(
         "--num-threads",
         type=int,
@@ -115,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
         "the cores, slower on an idle machine), active spins; default: OMP_WAIT_POLICY, else libgomp's "
         "(spin, then sleep)",
     )
+
+
+def _integration_args(p: argparse.ArgumentParser, defaults: EngineConfig) -> None:
+    """What the engine shows others: metrics, KV events, chat template and tool-call formats."""
     p.add_argument(
         "--no-vllm-metrics",
         dest="vllm_metrics",
@@ -151,8 +173,6 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.tool_call_parser,
         help="the format of the model's tool calls (default: read from the chat template)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return p
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:

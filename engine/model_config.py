@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.families import HF_ARCHITECTURES, family_for_gguf, family_for_hf
+from engine.families import family_for_gguf, family_for_hf
 
-SUPPORTED_ARCHITECTURES = HF_ARCHITECTURES
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 """llama.cpp's per-pair rope divisors (Llama 3.1's scaling as its converter writes it)."""

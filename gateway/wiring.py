@@ -132,6 +132,30 @@ def _request_limiter(
     )
 
 
+def _engine_pool(settings: Settings) -> EnginePool:
+    """The engines as configured; warns when tenants would share an 'openai' engine's prefix cache."""
+    if settings.prefix_cache_isolation == "tenant" and not settings.engine_cache_salt:
+        if any(spec.kind == "openai" for spec in settings.engine_specs()):
+            log.warning(
+                "TERN_ENGINE_CACHE_SALT=false: the prefix caches of 'openai' engines are shared "
+                "by every tenant (the gateway cannot isolate them)"
+            )
+    return EnginePool(
+        settings.engine_specs(),
+        health_interval_s=settings.engine_health_interval_s,
+        connect_timeout_s=settings.engine_connect_timeout_s,
+        request_timeout_s=settings.engine_request_timeout_s,
+        api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
+        model_names=ModelNames(settings.engine_model_map),
+        token_counter=TokenCounter(settings.engine_tokenizers),
+        routing=settings.routing_policy,
+        sends_cache_salt=settings.engine_cache_salt,
+        routing_params=RoutingParams(
+            load_slack=settings.routing_load_slack, min_match=settings.routing_min_match
+        ),
+    )
+
+
 @asynccontextmanager
 async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
     """Start every part (registering ``TERN_ADMIN_KEY`` if set), yield them, close them in reverse."""
@@ -157,28 +181,9 @@ async def running_gateway(settings: Settings) -> AsyncIterator[GatewayState]:
         liveness = Liveness(redis, instance_id=instance_id, ttl_s=limits_settings.liveness_ttl_s)
         await liveness.start()
         stack.push_async_callback(liveness.stop)
-        engine_pool = EnginePool(
-            settings.engine_specs(),
-            health_interval_s=settings.engine_health_interval_s,
-            connect_timeout_s=settings.engine_connect_timeout_s,
-            request_timeout_s=settings.engine_request_timeout_s,
-            api_key=settings.engine_api_key.get_secret_value() if settings.engine_api_key else None,
-            model_names=ModelNames(settings.engine_model_map),
-            token_counter=TokenCounter(settings.engine_tokenizers),
-            routing=settings.routing_policy,
-            sends_cache_salt=settings.engine_cache_salt,
-            routing_params=RoutingParams(
-                load_slack=settings.routing_load_slack, min_match=settings.routing_min_match
-            ),
-        )
+        engine_pool = _engine_pool(settings)
         await engine_pool.start()
         stack.push_async_callback(engine_pool.close)
-        if settings.prefix_cache_isolation == "tenant" and not settings.engine_cache_salt:
-            if any(spec.kind == "openai" for spec in settings.engine_specs()):
-                log.warning(
-                    "TERN_ENGINE_CACHE_SALT=false: the prefix caches of 'openai' engines are shared "
-                    "by every tenant (the gateway cannot isolate them)"
-                )
         usage_recorder = UsageRecorder(engine=db_engine, settings=UsageSettings(), instance_id=instance_id)
         ledger_recovery = LedgerRecovery(pool=engine_pool, recorder=usage_recorder)
         stack.push_async_callback(ledger_recovery.close)

@@ -1,5 +1,5 @@
 """JSON Schemas for the three custom resources the chart renders with ``routing: inference-pool``, for
-tests/test_helm_chart.py (kubernetes-validate knows only the built-in kinds).
+tests/helm/ (kubernetes-validate knows only the built-in kinds).
 
 Written from the CRDs' own OpenAPI schemas, the fields the chart uses and their neighbours, with
 their types, bounds, enums and required lists (checked on 2026-11-29 against:

@@ -23,7 +23,6 @@ SHAPES = {
     "smollm2-135m": (576, 30, 9, 3, 1536),
 }
 """hidden, layers, heads, KV heads, FFN."""
-TOKENIZER_KEYS = ("model", "pre", "tokens", "token_type", "merges", "bos_token_id", "eos_token_id")
 
 
 def _copy_tokenizer(reader: gguf.GGUFReader, writer: gguf.GGUFWriter) -> int:

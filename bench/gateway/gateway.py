@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import aiohttp
 import httpx
@@ -236,6 +236,55 @@ def compare_budgets(
     return summary
 
 
+def _inference_key(base: str, admin: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """A tenant and a key with rate limits and a token budget: the tenant's id and the key's header."""
+    tenant = httpx.post(f"{base}/admin/tenants", json={"name": "bench"}, headers=admin).json()
+    limits = {"rpm_limit": 1_000_000_000, "tpm_limit": 2_000_000_000, "max_concurrency": 10_000}
+    body = {"tenant_id": tenant["id"], "name": "bench", "kind": "inference", **limits}
+    key = httpx.post(f"{base}/admin/keys", headers=admin, json={**body, "monthly_token_budget": 10**12})
+    return tenant["id"], {"Authorization": f"Bearer {key.json()['key']}"}
+
+
+def _one_concurrency(
+    base: str, direct_url: str, auth: dict[str, str], gateway_pid: int, *, requests: int, concurrency: int
+) -> dict[str, Any]:
+    """The stand-in called directly, then through the gateway (with its CPU time and journal syncs)."""
+    chat_url, drive_args = f"{base}/v1/chat/completions", {"requests": requests, "concurrency": concurrency}
+    run_loop(drive(chat_url, CHAT, auth, requests=200, concurrency=concurrency))  # warm-up
+    direct = run_loop(drive(direct_url, GENERATE, {}, **drive_args))
+    syncs_before, lines_before = journal_counts(base)
+    cpu_before = process_cpu_s(gateway_pid)
+    through = run_loop(drive(chat_url, CHAT, auth, **drive_args))
+    cpu_after = process_cpu_s(gateway_pid)
+    syncs_after, lines_after = journal_counts(base)
+    syncs, lines = syncs_after - syncs_before, lines_after - lines_before
+    # How many requests each journal sync served (the sync's CPU is shared by them).
+    through["journal_syncs"] = int(syncs)
+    through["journal_lines_per_sync"] = round(lines / syncs, 1) if syncs else None
+    if cpu_before is not None and cpu_after is not None:
+        cpu_ms = (cpu_after - cpu_before) * 1000 / requests
+        through["gateway_cpu_ms_per_request"] = round(cpu_ms, 3)
+        through["one_free_core_rps"] = round(1000 / cpu_ms) if cpu_ms else None
+    return {
+        "concurrency": concurrency,
+        "direct": direct,
+        "gateway": through,
+        "added_p50_ms": round(through["p50_ms"] - direct["p50_ms"], 3),
+        "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 3),
+    }
+
+
+def _start_gateway(
+    env: dict[str, str], port: int, log: IO[bytes], counter: Callgrind | None
+) -> subprocess.Popen[bytes]:
+    """``tern gateway`` with ``env`` added, logging at INFO as deployed (one JSON line per request)."""
+    env = {**os.environ, **env, "TERN_SECRET": secrets.token_hex(16), "TERN_LOG_LEVEL": "INFO"}
+    command = [sys.executable, "-m", "tern_cli", "gateway", "--port", str(port)]
+    if counter is not None:
+        command = counter.wrap(command)
+    return subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+
 def run(
     requests: int,
     concurrencies: list[int],
@@ -260,77 +309,29 @@ def run(
         try:
             children.append(start_standin(standin_port))
             env = {
-                **os.environ,
                 "TERN_DATABASE_URL": pg.url("tern"),
                 "TERN_REDIS_URL": redis.url(),
-                "TERN_SECRET": secrets.token_hex(16),
                 "TERN_ADMIN_KEY": admin_key,
                 "TERN_ENGINE_URLS": f"http://127.0.0.1:{standin_port}",
-                "TERN_LOG_LEVEL": "INFO",  # as deployed: one JSON access log line per request
             }
-            command = [sys.executable, "-m", "tern_cli", "gateway", "--port", str(gateway_port)]
-            if counter is not None:
-                command = counter.wrap(command)
-            gateway = subprocess.Popen(
-                command, env=env, stdin=subprocess.DEVNULL, stdout=gateway_log, stderr=gateway_log
-            )
+            gateway = _start_gateway(env, gateway_port, gateway_log, counter)
             children.append(gateway)
             base = f"http://127.0.0.1:{gateway_port}"
             wait_http(f"{base}/healthz", gateway, deadline_s=60 if counter is None else 900)
             admin = {"Authorization": f"Bearer {admin_key}"}
-            tenant = httpx.post(f"{base}/admin/tenants", json={"name": "bench"}, headers=admin).json()
-            key = httpx.post(
-                f"{base}/admin/keys",
-                headers=admin,
-                json={
-                    "tenant_id": tenant["id"],
-                    "name": "bench",
-                    "kind": "inference",
-                    "rpm_limit": 1_000_000_000,
-                    "tpm_limit": 2_000_000_000,
-                    "max_concurrency": 10_000,
-                    "monthly_token_budget": 10**12,
-                },
-            ).json()["key"]
-            auth = {"Authorization": f"Bearer {key}"}
-            results = []
-            chat_url, direct_url = (
-                f"{base}/v1/chat/completions",
-                f"http://127.0.0.1:{standin_port}{GENERATE_PATH}",
-            )
-            for concurrency in concurrencies:
-                drive_args = {"requests": requests, "concurrency": concurrency}
-                run_loop(drive(chat_url, CHAT, auth, requests=200, concurrency=concurrency))  # warm-up
-                direct = run_loop(drive(direct_url, GENERATE, {}, **drive_args))
-                syncs_before, lines_before = journal_counts(base)
-                cpu_before = process_cpu_s(gateway.pid)
-                through = run_loop(drive(chat_url, CHAT, auth, **drive_args))
-                cpu_after = process_cpu_s(gateway.pid)
-                syncs_after, lines_after = journal_counts(base)
-                syncs, lines = syncs_after - syncs_before, lines_after - lines_before
-                # How many requests each journal sync served (the sync's CPU is shared by them).
-                through["journal_syncs"] = int(syncs)
-                through["journal_lines_per_sync"] = round(lines / syncs, 1) if syncs else None
-                if cpu_before is not None and cpu_after is not None:
-                    cpu_ms = (cpu_after - cpu_before) * 1000 / requests
-                    through["gateway_cpu_ms_per_request"] = round(cpu_ms, 3)
-                    through["one_free_core_rps"] = round(1000 / cpu_ms) if cpu_ms else None
-                results.append(
-                    {
-                        "concurrency": concurrency,
-                        "direct": direct,
-                        "gateway": through,
-                        "added_p50_ms": round(through["p50_ms"] - direct["p50_ms"], 3),
-                        "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 3),
-                    }
-                )
+            tenant_id, auth = _inference_key(base, admin)
+            direct_url = f"http://127.0.0.1:{standin_port}{GENERATE_PATH}"
+            results = [
+                _one_concurrency(base, direct_url, auth, gateway.pid, requests=requests, concurrency=c)
+                for c in concurrencies
+            ]
             budget_overhead = []
             if budgets:
-                keys = budget_keys(base, admin, tenant["id"])
+                keys = budget_keys(base, admin, tenant_id)
                 for concurrency in concurrencies:
                     budget_overhead.append(
                         compare_budgets(
-                            chat_url,
+                            f"{base}/v1/chat/completions",
                             keys,
                             gateway.pid,
                             requests=requests,

@@ -208,17 +208,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for child in reversed(children):
                     child.terminate()
                     child.wait(timeout=30)
-    summary: dict[str, Any] = {}
-    for isolation in args.isolation:
-        rr, ca = results.get(f"round_robin/{isolation}"), results.get(f"cache_aware/{isolation}")
-        if rr is None or ca is None:
-            continue
-        summary[isolation] = {
-            "hit_rate_ratio": round(ca["cache_hit_rate"] / rr["cache_hit_rate"], 2)
-            if rr["cache_hit_rate"]
-            else None,
-            "ttft_p50_ratio": round(ca["ttft_p50_ms"] / rr["ttft_p50_ms"], 3),
-        }
     return {
         "benchmark": "prefix-routing",
         "machine": {
@@ -239,8 +228,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "tenants": args.tenants,
         },
         "results": results,
-        "cache_aware_vs_round_robin": summary,
+        "cache_aware_vs_round_robin": compare_policies(results, args.isolation),
     }
+
+
+def compare_policies(results: dict[str, Any], isolations: list[str]) -> dict[str, Any]:
+    """Per isolation mode, cache-aware routing's hit rate and TTFT p50 over round robin's."""
+    summary: dict[str, Any] = {}
+    for isolation in isolations:
+        rr, ca = results.get(f"round_robin/{isolation}"), results.get(f"cache_aware/{isolation}")
+        if rr is None or ca is None:
+            continue
+        summary[isolation] = {
+            "hit_rate_ratio": round(ca["cache_hit_rate"] / rr["cache_hit_rate"], 2)
+            if rr["cache_hit_rate"]
+            else None,
+            "ttft_p50_ratio": round(ca["ttft_p50_ms"] / rr["ttft_p50_ms"], 3),
+        }
+    return summary
 
 
 def create_key(base: str, admin_key: str, tenant_name: str) -> str:

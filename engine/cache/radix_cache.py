@@ -78,7 +78,6 @@ class PrefixMatch:
 class CacheStats:
     tree_tokens: int
     tree_blocks: int
-    evictable_blocks: int
     evicted_blocks: int
 
 
@@ -279,7 +278,6 @@ class RadixCache:
         return CacheStats(
             tree_tokens=self._num_blocks * self.block_size,
             tree_blocks=self._num_blocks,
-            evictable_blocks=self._num_evictable,
             evicted_blocks=self._evicted_blocks,
         )
 

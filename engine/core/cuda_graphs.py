@@ -86,7 +86,6 @@ class DecodeGraphs:
         self.tables[:, 0] = scratch_block
         self.lens = torch.ones(biggest, dtype=torch.int32, device=device)
         self.query_lens = torch.ones(biggest, dtype=torch.int32, device=device)
-        self.cu_seqlens = torch.arange(biggest + 1, dtype=torch.int32, device=device)
         self._graphs: dict[int, tuple[Replay, torch.Tensor]] = {}
         for size in reversed(self.sizes):  # the largest first: the shared pool fits the rest
             self._graphs[size] = capture(functools.partial(self._forward, model, size))
@@ -98,7 +97,6 @@ class DecodeGraphs:
             query_lens=self.query_lens[:size],
             context_lens=self.lens[:size],
             block_tables=self.tables[:size],
-            cu_seqlens_q=self.cu_seqlens[: size + 1],
             query_lens_host=[1] * size,
             context_lens_host=[1] * size,  # unread by a graph-safe backend
         )

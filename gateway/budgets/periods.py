@@ -8,10 +8,9 @@ had when budgets were monthly only (``YYYYMM``), so counters of the running mont
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, time, timedelta
-from typing import Literal, get_args
+from typing import Literal
 
 Period = Literal["day", "week", "month", "total"]
-PERIODS: tuple[Period, ...] = get_args(Period)
 EPOCH = date(1970, 1, 1)
 """Where a ``total`` budget's period begins."""
 

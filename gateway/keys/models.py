@@ -9,8 +9,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db import Base
 
-KEY_KINDS = ("inference", "admin")
-
 
 class ApiKey(Base):
     __tablename__ = "api_keys"

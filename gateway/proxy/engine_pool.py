@@ -82,10 +82,6 @@ class ModelNames:
     def served(self, upstream: str) -> str:
         return self._to_served.get(upstream, upstream)
 
-    @property
-    def renames(self) -> bool:
-        return bool(self._to_upstream)
-
 
 class EnginePool:
     """Picks the least-busy healthy engine for a model."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import date, datetime
 from decimal import Decimal
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
@@ -12,7 +11,6 @@ from gateway.bounds import IsoDate, Name
 from gateway.bounds import Numeric20_10 as PriceValue
 from gateway.reports.pricing import money_str
 
-GroupBy = Literal["day", "model", "key", "tenant"]
 GROUP_FIELDS: dict[str, str] = {
     "day": "day",
     "model": "model",

@@ -9,8 +9,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from gateway.db import Base
 
-TENANT_STATUSES = ("active", "suspended")
-
 
 class Tenant(Base):
     __tablename__ = "tenants"

@@ -8,10 +8,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from tern_stack.services import free_port
@@ -93,3 +97,41 @@ def start_stack(
             pytest.fail(f"tern up did not become ready:\n{log_path.read_text(errors='replace')[-4000:]}")
         time.sleep(0.2)
     return RunningStack(process, data_dir, log_path, json.loads(run_file.read_text()))
+
+
+# -- what the tests do through the stack, as an operator and an application would --------------------
+
+PROMPT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def new_tenant_and_key(admin: httpx.Client, prefix: str) -> dict[str, Any]:
+    """A tenant and an inference key made through the admin API, as an operator would."""
+    tenant = admin.post("/admin/tenants", json={"name": f"{prefix}-{uuid.uuid4().hex[:8]}"})
+    assert tenant.status_code == 201, tenant.text
+    key = admin.post(
+        "/admin/keys", json={"tenant_id": tenant.json()["id"], "name": "e2e app", "kind": "inference"}
+    )
+    assert key.status_code == 201, key.text
+    return {"tenant": tenant.json(), **key.json()}
+
+
+def client_for(stack: RunningStack, key: dict[str, Any]) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{stack.url}/v1", api_key=key["key"], max_retries=0)
+
+
+def wait_for_usage_rows(admin: httpx.Client, tenant_id: str, *, requests: int) -> list[dict[str, Any]]:
+    """The tenant's usage by key once ``requests`` requests show (usage is flushed in the background)."""
+    today = datetime.now(UTC).date()
+    query = {
+        "tenant": tenant_id,
+        "from": (today - timedelta(days=1)).isoformat(),
+        "to": (today + timedelta(days=1)).isoformat(),
+        "group_by": "key",
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        report = admin.get("/admin/reports/usage", params=query)
+        assert report.status_code == 200, report.text
+        if report.json()["totals"]["requests"] >= requests or time.monotonic() > deadline:
+            return report.json()["rows"]
+        time.sleep(0.2)

@@ -1,8 +1,9 @@
 """The web console in a real Chromium (Debian's ``chromium``, driven by Playwright) against a real
 ``tern up``: real PostgreSQL, Redis and the real default model.
 
-The stack comes from test_stack's fixtures (this module gets its own, module-scoped). Controls are
-found by role and accessible name, as a screen reader would find them.
+The stack and the browser come from tests/e2e/conftest.py (this module gets its own ``tern up``);
+the steps a user takes on a page from console_browser.py. Controls are found by role and accessible
+name, as a screen reader would find them.
 
 With ``TERN_CONSOLE_SCREENSHOTS=DIR`` set, ``test_every_page_renders`` also saves a 1280x800
 screenshot of each page there (docs/images/ holds the committed ones; see docs/console.md).
@@ -14,10 +15,8 @@ import csv
 import io
 import os
 import re
-import shutil
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,94 +24,19 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
-import test_stack
-from playwright.sync_api import Browser, BrowserContext, Page, Playwright, expect, sync_playwright
-from test_stack import RunningStack
+from console_browser import (
+    ANSWER_TIMEOUT_MS,
+    NAV,
+    create_tenant,
+    go,
+    requests_recorded,
+    row,
+    sign_in,
+)
+from playwright.sync_api import BrowserContext, Page, expect
+from running_stack import RunningStack
 
 pytestmark = pytest.mark.slow
-
-# test_stack's fixtures, used here too: module-scoped, so this module starts its own ``tern up``.
-workdir = test_stack.workdir
-stack = test_stack.stack
-admin = test_stack.admin
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-NAV = ["Tenants", "Keys", "Limits", "Usage", "Engines", "Audit", "Playground"]
-ANSWER_TIMEOUT_MS = 120_000  # the real model on a busy two-core machine
-# Playwright waits 5 s by default; a page render behind the real stack on a loaded two-core CI
-# machine has taken longer (a tenant row missed it once), and a wait ends as soon as it holds.
-expect.set_options(timeout=20_000)
-
-
-@pytest.fixture(scope="module")
-def playwright() -> Iterator[Playwright]:
-    with sync_playwright() as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
-def browser(playwright: Playwright) -> Iterator[Browser]:
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    yield browser
-    browser.close()
-
-
-@pytest.fixture
-def context(browser: Browser, stack: RunningStack) -> Iterator[BrowserContext]:
-    """A fresh browser profile per test (its own sessionStorage), with downloads allowed."""
-    context = browser.new_context(
-        base_url=stack.url, viewport={"width": 1280, "height": 800}, accept_downloads=True
-    )
-    yield context
-    context.close()
-
-
-@pytest.fixture
-def page(context: BrowserContext) -> Iterator[Page]:
-    """A page that fails the test on any script error or CSP violation, and accepts confirmations."""
-    page = context.new_page()
-    problems: list[str] = []
-    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
-    page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
-    page.on("dialog", lambda dialog: dialog.accept())
-    yield page
-    # 4xx answers the console shows to the user are logged by Chromium as failed loads; not bugs.
-    assert [p for p in problems if "Failed to load resource" not in p] == []
-
-
-def sign_in(page: Page, key: str) -> None:
-    page.goto("/")
-    page.get_by_label("Admin key").fill(key)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("heading", name="Tenants")).to_be_visible()
-
-
-def go(page: Page, name: str) -> None:
-    """Open a page from the nav and wait until it is drawn: the click returns before the
-    hashchange handler runs, and until then the previous page's fields are still there."""
-    page.get_by_role("navigation").get_by_role("link", name=name, exact=True).click()
-    expect(page.get_by_role("heading", name=name, level=1)).to_be_visible()  # "Audit log", "Limits and .."
-
-
-def row(page: Page, text: str):
-    return page.get_by_role("row").filter(has_text=text)
-
-
-def create_tenant(page: Page, name: str) -> None:
-    go(page, "Tenants")
-    page.get_by_label("Tenant name").fill(name)
-    page.get_by_role("button", name="Create tenant").click()
-    expect(row(page, name)).to_be_visible()
 
 
 def test_root_shows_the_sign_in_page_with_security_headers(page: Page, stack: RunningStack) -> None:
@@ -213,15 +137,6 @@ def test_tenant_and_key_lifecycle(page: Page, stack: RunningStack, admin: httpx.
 
     go(page, "Audit")
     expect(page.get_by_role("row").filter(has_text="key.revoke").first).to_be_visible()
-
-
-def requests_recorded(admin: httpx.Client, tenant_id: str) -> int:
-    report = admin.get("/admin/reports/usage", params={"tenant": tenant_id, "group_by": "day"})
-    return int(report.json()["totals"]["requests"])
-
-
-def usage_rows(page: Page) -> list[str]:
-    return page.get_by_role("table", name="Usage rows").get_by_role("row").all_inner_texts()
 
 
 def test_playground_answer_shows_in_the_usage_chart_and_csv(

@@ -2,7 +2,7 @@
 
 The tiny random-weight engine samples freely (temperature 1, many seeds), so these tests show the
 grammar, not the model, makes the output valid. The real default model's answers are checked end
-to end, through the gateway with the official client (tests/e2e/test_stack.py).
+to end, through the gateway with the official client (tests/e2e/test_structured_output.py).
 """
 
 from __future__ import annotations

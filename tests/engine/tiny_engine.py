@@ -27,7 +27,6 @@ CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-EOS_ID = 256
 TINY_BLOCKS = 128
 
 EngineFactory = Callable[..., LLMEngine]

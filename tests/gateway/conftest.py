@@ -28,13 +28,15 @@ from typing import Any
 
 import httpx
 import pytest
-from credentials import TEST_ADMIN_KEY, TEST_SECRET, CreateTenantAndKey
+from credentials import TEST_ADMIN_KEY, TEST_SECRET, CreateTenantAndKey, bearer
 from fake_engine import FakeEngine
 from fastapi import FastAPI
 from real_engine import RealEngine
 
 from gateway.app import create_app
 from gateway.config import Settings
+from gateway.proxy.outcome import RelayOutcome
+from gateway.wiring import gateway_state
 from tern_stack.services import free_port
 
 _tenant_counter = itertools.count()
@@ -119,6 +121,24 @@ def create_tenant_and_key(client: httpx.AsyncClient, admin_headers: dict[str, st
         return tenant, created["key"], created["id"]
 
     return create
+
+
+# An inference key of a new tenant, and the outcomes the completion hooks receive (the proxy tests).
+@pytest.fixture
+async def key(create_tenant_and_key: CreateTenantAndKey) -> dict[str, str]:
+    _, secret, _ = await create_tenant_and_key()
+    return bearer(secret)
+
+
+@pytest.fixture
+def outcomes(app: FastAPI) -> list[RelayOutcome]:
+    recorded: list[RelayOutcome] = []
+
+    async def record(outcome: RelayOutcome) -> None:
+        recorded.append(outcome)
+
+    gateway_state(app).completion_hooks.append(record)
+    return recorded
 
 
 def _wait_healthy(process: subprocess.Popen[bytes], base_url: str, timeout_s: float = 60) -> None:

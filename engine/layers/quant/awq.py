@@ -12,8 +12,9 @@ calibrated, so every linear is calibrated on the outputs of the quantized layers
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -32,6 +33,39 @@ CLIP_TOKENS = 1024
 """At most this many calibration tokens (evenly spaced) feed the clip search."""
 
 
+class _Attention(Protocol):
+    """The attention of a Llama-style decoder layer, by Hugging Face's names (``engine.models.llama``
+    has them; this layer of the engine may not import it, so AWQ names what it reads here)."""
+
+    q_proj: nn.Linear
+    k_proj: nn.Linear
+    v_proj: nn.Linear
+    o_proj: nn.Linear
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor: ...
+
+
+class _Mlp(Protocol):
+    gate_proj: nn.Linear
+    up_proj: nn.Linear
+    down_proj: nn.Linear
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor: ...
+
+
+class _DecoderLayer(Protocol):
+    self_attn: _Attention
+    mlp: _Mlp
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+
+
+class _Decoder(Protocol):
+    embed_tokens: Callable[[torch.Tensor], torch.Tensor]
+    rotary_emb: Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+    layers: Iterable[nn.Module]
+
+
 @dataclass
 class ScaleGroup:
     """Linears that read the same input, the op whose output that input is (to fold ``1/s`` into,
@@ -47,7 +81,8 @@ class ScaleGroup:
 def llama_scale_groups(layer: nn.Module, cos: torch.Tensor, sin: torch.Tensor) -> list[list[ScaleGroup]]:
     """The AWQ groups of a Llama-style decoder layer with Hugging Face names: attention's, then the
     MLP's. The attention block runs on whole sequences of ``len(cos)`` tokens."""
-    attn, mlp = layer.self_attn, layer.mlp
+    llama = cast(_DecoderLayer, layer)
+    attn, mlp = llama.self_attn, llama.mlp
 
     def attention(x: torch.Tensor) -> torch.Tensor:
         return torch.cat([attn(sequence, cos, sin) for sequence in x.split(cos.shape[0])])
@@ -58,11 +93,11 @@ def llama_scale_groups(layer: nn.Module, cos: torch.Tensor, sin: torch.Tensor) -
     # share each v row, and a shared scale was measured worse than none (docs/quantization.md).
     o_previous = attn.v_proj if attn.v_proj.out_features == attn.o_proj.in_features else None
     attention_groups = [
-        ScaleGroup(layer.input_layernorm, qkv, attention, unclipped=(attn.q_proj, attn.k_proj)),
+        ScaleGroup(llama.input_layernorm, qkv, attention, unclipped=(attn.q_proj, attn.k_proj)),
         ScaleGroup(o_previous, [attn.o_proj]),
     ]
     mlp_groups = [
-        ScaleGroup(layer.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], mlp),
+        ScaleGroup(llama.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], mlp),
         ScaleGroup(mlp.up_proj, [mlp.down_proj]),
     ]
     return [attention_groups, mlp_groups]
@@ -117,8 +152,9 @@ def apply_awq_scales(group: ScaleGroup, scales: torch.Tensor) -> None:
         previous.weight.div_(scales.to(previous.weight.dtype)[:, None])
         if previous.bias is not None:
             previous.bias.div_(scales.to(previous.bias.dtype))
-    elif previous is not None:
-        previous.weight.div_(scales.to(previous.weight.dtype))
+    elif previous is not None:  # a norm: its weight scales its output
+        weight = previous.get_parameter("weight")
+        weight.div_(scales.to(weight.dtype))
     for linear in group.linears:
         linear.weight.mul_(scales.to(linear.weight.dtype)[None, :])
 
@@ -210,7 +246,7 @@ def awq_quantize(
     ``calibration_ids [S, L]`` are ``S`` token sequences of ``L`` tokens. ``progress(done, total)``
     is called after each layer. The embedding, the norms and ``lm_head`` stay float.
     """
-    decoder = model.model
+    decoder = cast(_Decoder, model.model)  # a Llama-style model: see _DecoderLayer
     hidden = decoder.embed_tokens(calibration_ids)
     cos, sin = decoder.rotary_emb(torch.arange(calibration_ids.shape[1], device=hidden.device), hidden.dtype)
     search_tokens = SEARCH_SEQUENCES * calibration_ids.shape[1]

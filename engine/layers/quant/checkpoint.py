@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +32,6 @@ from engine.layers.quant.formats import (
 from engine.layers.quant.swap import install_quantized_weights, quantize_linears
 from engine.layers.quant.weights import Int4Weight, TernaryBlockWeight, TernaryWeight
 
-QuantChoice = Literal["auto", "none", "int4", "bitnet"]
 QUANT_CHOICES: tuple[str, ...] = ("auto", "none", "int4", "bitnet")
 DEFAULT_GROUP_SIZE = 128
 _AWQ_SUFFIXES = (".qweight", ".qzeros", ".scales")

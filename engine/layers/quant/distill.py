@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +70,20 @@ class ScaleTunedInt4(nn.Module):
         return Int4Linear(tuned, bias, device=self.zeros.device, dtype=dtype, backend=self.source.backend)
 
 
+class _CausalLM(Protocol):
+    """What distillation calls on a model (``engine.models``' causal LMs, which this layer may not
+    import): hidden states from token ids and positions, then logits from them."""
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def _log_probs(model: nn.Module, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    lm = cast(_CausalLM, model)
+    return F.log_softmax(lm.compute_logits(lm(ids, positions)), dim=-1)
+
+
 def distill_int4_scales(
     student: nn.Module,
     teacher: nn.Module,
@@ -114,8 +129,8 @@ def distill_int4_scales(
                 ids = sequences[index]
                 positions = torch.arange(len(ids), device=ids.device)
                 with torch.no_grad():
-                    target = F.log_softmax(teacher.compute_logits(teacher(ids, positions)), dim=-1)
-                log_probs = F.log_softmax(student.compute_logits(student(ids, positions)), dim=-1)
+                    target = _log_probs(teacher, ids, positions)
+                log_probs = _log_probs(student, ids, positions)
                 loss = F.kl_div(log_probs, target, log_target=True, reduction="batchmean")
                 loss.backward()
                 optimizer.step()
