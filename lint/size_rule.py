@@ -30,9 +30,6 @@ SKIP_PARTS = {"__pycache__", ".venv", "node_modules", "build"}
 FUNCTION_EXEMPTIONS: dict[str, str] = {
     # A migration is history: it records the schema as it was shipped, and is never edited after.
     "migrations/versions/0002_usage.py::upgrade": "migration: history, not maintained code",
-    # Issue 47 in flight: another change is rewriting this test; split it after that lands.
-    "tests/gateway/test_budget_property.py::"
-    "test_no_overspend_and_no_needless_refusal_at_64_concurrent_requests": "issue 47 in flight",
 }
 MODULE_EXEMPTIONS: dict[str, str] = {}
 

@@ -116,6 +116,128 @@ def assert_answered(response: httpx.Response) -> bool:
     return False
 
 
+@dataclass
+class Round:
+    """One round's tenant, its two keys, prices and budgets."""
+
+    tenant_id: str
+    secrets: list[str]
+    key_ids: list[str]
+    prices: tuple[Decimal, Decimal]
+    budgets: list[Budget]
+
+
+async def set_random_price(
+    client: httpx.AsyncClient, admin: dict[str, str], rng: random.Random, app: Any
+) -> Any:
+    """Random prices, with fractions of a nano-unit per token; returns (price id, prices)."""
+    prices = (
+        Decimal(rng.randint(10**6, 5 * 10**9)) / 10**6,
+        Decimal(rng.randint(10**6, 5 * 10**9)) / 10**6,
+    )
+    price = {"model": "fake-model", "prompt_per_mtok": str(prices[0]), "completion_per_mtok": str(prices[1])}
+    created = await client.post("/admin/prices", json=price, headers=admin)
+    assert created.status_code == 201, created.text
+    await gateway_state(app).request_limiter.prices.refresh(force=True)
+    return created.json()["id"], prices
+
+
+async def random_budgets(
+    client: httpx.AsyncClient, admin: dict[str, str], rng: random.Random, rnd: Round, requests: list[Req]
+) -> None:
+    """0-2 budgets per owner (each key, the tenant) and metric, each a random share of what the
+    requests it applies to could cost at worst."""
+    for owner in (0, 1, None):
+        for metric in ("tokens", "spend"):
+            for period in rng.sample(["day", "week", "month", "total"], rng.randint(0, 2)):
+                probe = Budget(owner, metric, period, 0, "")
+                applicable = [r for r in requests if probe.applies(r)]
+                if metric == "tokens":
+                    limit = max(1, int(sum(r.worst_tokens for r in applicable) * rng.uniform(0.05, 0.8)))
+                    amount = str(limit)
+                else:
+                    total = sum(r.worst_nano(*rnd.prices) for r in applicable)
+                    micros = max(1, int(total * rng.uniform(0.05, 0.8)) // 1000)
+                    amount = str(Decimal(micros) / 10**6)
+                    limit = micros * 1000
+                rnd.budgets.append(Budget(owner, metric, period, limit, amount))
+                body = {"tenant_id": rnd.tenant_id, "metric": metric, "period": period, "amount": amount}
+                if owner is not None:
+                    body["key_id"] = rnd.key_ids[owner]
+                response = await client.post("/admin/budgets", json=body, headers=admin)
+                assert response.status_code == 201, response.text
+
+
+def assert_refusals_were_needed(
+    rnd: Round, fake_engine: FakeEngine, before: int, gated: list[Req], tasks: list[Any], seed: int
+) -> list[Req]:
+    """With the engine holding every admitted request: what they hold fits every budget, and each
+    refused request did not fit beside it. Returns the admitted requests."""
+    refused = [r for r, t in zip(gated, tasks, strict=True) if t.done()]
+    admitted = [r for r, t in zip(gated, tasks, strict=True) if not t.done()]
+    for req in refused:
+        assert not assert_answered(tasks[gated.index(req)].result())
+    prices = rnd.prices
+    # Each admitted request holds its exact worst case, or more: its estimate's, unless the engine
+    # had it count the prompt (it was admitted on 0 prompt tokens, then topped up to the exact count).
+    topped_up = set(fake_engine.over_reserved)
+    ids = {str(g.messages[0].content): g.request_id for g in fake_engine.received[before:] if g.messages}
+    held_prompt = {id(r): r.exact if ids[r.content] in topped_up else r.estimate for r in admitted}
+    refused_ids = {id(r): tasks[gated.index(r)].result().headers["x-request-id"] for r in refused}
+    at_top_up = {id(r) for r in refused if refused_ids[id(r)] in topped_up}
+
+    def worst(r: Req, metric: str) -> int:
+        return r.worst_tokens if metric == "tokens" else r.worst_nano(*prices)
+
+    left = {id(b): b.limit - sum(worst(r, b.metric) for r in admitted if b.applies(r)) for b in rnd.budgets}
+    assert all(v >= 0 for v in left.values()), (rnd.budgets, left, seed)
+    for req in refused:
+        # Refused at admission: not even on 0 prompt tokens did it fit beside what was held; refused
+        # at its top-up: its exact count did not. Those refused at their top-up held their
+        # completion meanwhile.
+        prompt = req.exact if id(req) in at_top_up else 0
+        assert any(
+            b.applies(req)
+            and b.limit
+            - sum(r.held(b.metric, prices, held_prompt[id(r)]) for r in admitted if b.applies(r))
+            - sum(r.held(b.metric, prices, 0) for r in refused if id(r) in at_top_up and r is not req)
+            < req.held(b.metric, prices, prompt)
+            for b in rnd.budgets
+        ), (req, rnd.budgets, seed)
+    return admitted
+
+
+async def assert_billed_within_budgets(
+    app: Any, rnd: Round, served: int, served_total: int, seed: int
+) -> None:
+    """Billed usage, from the rows in Postgres, priced here: 0 tokens and 0 nano-units over."""
+    state = gateway_state(app)
+    deadline = time.monotonic() + 30
+    while state.usage_recorder.flushed < served_total:
+        assert time.monotonic() < deadline, "usage never reached Postgres"
+        await asyncio.sleep(0.05)
+    query = (
+        "SELECT key_id::text AS key_id, prompt_tokens, completion_tokens FROM usage_records "
+        "WHERE tenant_id = :tenant"
+    )
+    async with state.db_engine.connect() as conn:
+        rows = (await conn.execute(text(query), {"tenant": rnd.tenant_id})).all()
+    assert len(rows) == served
+    prompt_price, completion_price = rnd.prices
+    for b in rnd.budgets:
+        mine = [r for r in rows if b.key is None or r.key_id == rnd.key_ids[b.key]]
+        if b.metric == "tokens":
+            billed = sum(r.prompt_tokens + r.completion_tokens for r in mine)
+            assert billed <= b.limit, (b, billed, seed)
+        else:
+            cost = sum(
+                (r.prompt_tokens * prompt_price + r.completion_tokens * completion_price) / 10**6
+                for r in mine
+            )
+            assert cost * NANO <= b.limit, (b, cost, seed)
+    assert served > 0 and all(r.completion_tokens <= len(REPLY) for r in rows)
+
+
 async def test_no_overspend_and_no_needless_refusal_at_64_concurrent_requests(
     app: Any,
     client: httpx.AsyncClient,
@@ -125,136 +247,41 @@ async def test_no_overspend_and_no_needless_refusal_at_64_concurrent_requests(
 ) -> None:
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    state = gateway_state(app)
     served_total = 0
     price_id = None
     for _ in range(ROUNDS):
-        # Random prices, with fractions of a nano-unit per token.
         if price_id is not None:
             await client.delete(f"/admin/prices/{price_id}", headers=admin_headers)
-        prompt_price = Decimal(rng.randint(10**6, 5 * 10**9)) / 10**6
-        completion_price = Decimal(rng.randint(10**6, 5 * 10**9)) / 10**6
-        price = {
-            "model": "fake-model",
-            "prompt_per_mtok": str(prompt_price),
-            "completion_per_mtok": str(completion_price),
-        }
-        created = await client.post("/admin/prices", json=price, headers=admin_headers)
-        assert created.status_code == 201, created.text
-        price_id = created.json()["id"]
-        await state.request_limiter.prices.refresh(force=True)
-
+        price_id, prices = await set_random_price(client, admin_headers, rng, app)
         tenant, first_secret, first_id = await create_tenant_and_key()
         second = await client.post(
             "/admin/keys",
             json={"tenant_id": tenant["id"], "name": f"{tenant['name']}-2", "kind": "inference"},
             headers=admin_headers,
         )
-        secrets, key_ids = [first_secret, second.json()["key"]], [first_id, second.json()["id"]]
+        rnd = Round(
+            tenant["id"], [first_secret, second.json()["key"]], [first_id, second.json()["id"]], prices, []
+        )
         gated = [random_request(rng, 2, min_tokens=2) for _ in range(CONCURRENCY)]
         opened = [random_request(rng, 2) for _ in range(CONCURRENCY)]
-
-        budgets: list[Budget] = []
-        for owner in (0, 1, None):
-            for metric in ("tokens", "spend"):
-                for period in rng.sample(["day", "week", "month", "total"], rng.randint(0, 2)):
-                    probe = Budget(owner, metric, period, 0, "")
-                    applicable = [r for r in gated + opened if probe.applies(r)]
-                    if metric == "tokens":
-                        total = sum(r.worst_tokens for r in applicable)
-                        limit = max(1, int(total * rng.uniform(0.05, 0.8)))
-                        amount = str(limit)
-                    else:
-                        total = sum(r.worst_nano(prompt_price, completion_price) for r in applicable)
-                        micros = max(1, int(total * rng.uniform(0.05, 0.8)) // 1000)
-                        amount = str(Decimal(micros) / 10**6)
-                        limit = micros * 1000
-                    budgets.append(Budget(owner, metric, period, limit, amount))
-                    body = {"tenant_id": tenant["id"], "metric": metric, "period": period, "amount": amount}
-                    if owner is not None:
-                        body["key_id"] = key_ids[owner]
-                    response = await client.post("/admin/budgets", json=body, headers=admin_headers)
-                    assert response.status_code == 201, response.text
+        await random_budgets(client, admin_headers, rng, rnd, gated + opened)
 
         # Gated: the engine holds every admitted request, nothing settles.
         assert fake_engine.gate is not None
         fake_engine.gate.clear()
         before = len(fake_engine.received)
-        tasks = [asyncio.create_task(send(client, secrets[r.key], r)) for r in gated]
+        tasks = [asyncio.create_task(send(client, rnd.secrets[r.key], r)) for r in gated]
         deadline = time.monotonic() + 60
         while sum(t.done() for t in tasks) + len(fake_engine.received) - before < CONCURRENCY:
             assert time.monotonic() < deadline, f"requests neither refused nor admitted (seed {seed})"
             await asyncio.sleep(0.02)
-        refused = [r for r, t in zip(gated, tasks, strict=True) if t.done()]
-        admitted = [r for r, t in zip(gated, tasks, strict=True) if not t.done()]
-        for req in refused:
-            assert not assert_answered(tasks[gated.index(req)].result())
-
-        def worst(r: Req, metric: str, prices: tuple[Decimal, Decimal]) -> int:
-            return r.worst_tokens if metric == "tokens" else r.worst_nano(*prices)
-
-        prices = (prompt_price, completion_price)
-        # Each admitted request holds its exact worst case, or more: its estimate's, unless the engine
-        # had it count the prompt (it was admitted on 0 prompt tokens, then topped up to the exact count).
-        topped_up = set(fake_engine.over_reserved)
-        ids = {str(g.messages[0].content): g.request_id for g in fake_engine.received[before:] if g.messages}
-        held_prompt = {id(r): r.exact if ids[r.content] in topped_up else r.estimate for r in admitted}
-        refused_ids = {id(r): tasks[gated.index(r)].result().headers["x-request-id"] for r in refused}
-        at_top_up = {id(r) for r in refused if refused_ids[id(r)] in topped_up}
-
-        left = {
-            id(b): b.limit - sum(worst(r, b.metric, prices) for r in admitted if b.applies(r))
-            for b in budgets
-        }
-        assert all(v >= 0 for v in left.values()), (budgets, left, seed)
-        for req in refused:
-            # Refused at admission: not even on 0 prompt tokens did it fit beside what was held; refused
-            # at its top-up: its exact count did not. Those refused at their top-up held their
-            # completion meanwhile.
-            prompt = req.exact if id(req) in at_top_up else 0
-            assert any(
-                b.applies(req)
-                and b.limit
-                - sum(r.held(b.metric, prices, held_prompt[id(r)]) for r in admitted if b.applies(r))
-                - sum(r.held(b.metric, prices, 0) for r in refused if id(r) in at_top_up and r is not req)
-                < req.held(b.metric, prices, prompt)
-                for b in budgets
-            ), (req, budgets, seed)
+        admitted = assert_refusals_were_needed(rnd, fake_engine, before, gated, tasks, seed)
 
         fake_engine.gate.set()
         served = sum(assert_answered(r) for r in await asyncio.gather(*tasks))
         assert served == len(admitted)
         # Open: 64 more at once, settling among admissions.
-        responses = await asyncio.gather(*(send(client, secrets[r.key], r) for r in opened))
+        responses = await asyncio.gather(*(send(client, rnd.secrets[r.key], r) for r in opened))
         served += sum(assert_answered(r) for r in responses)
         served_total += served
-
-        # Billed usage, from the rows in Postgres, priced here.
-        recorder = state.usage_recorder
-        deadline = time.monotonic() + 30
-        while recorder.flushed < served_total:
-            assert time.monotonic() < deadline, "usage never reached Postgres"
-            await asyncio.sleep(0.05)
-        async with state.db_engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    text(
-                        "SELECT key_id::text AS key_id, prompt_tokens, completion_tokens FROM usage_records "
-                        "WHERE tenant_id = :tenant"
-                    ),
-                    {"tenant": tenant["id"]},
-                )
-            ).all()
-        assert len(rows) == served
-        for b in budgets:
-            mine = [r for r in rows if b.key is None or r.key_id == key_ids[b.key]]
-            if b.metric == "tokens":
-                billed = sum(r.prompt_tokens + r.completion_tokens for r in mine)
-                assert billed <= b.limit, (b, billed, seed)
-            else:
-                cost = sum(
-                    (r.prompt_tokens * prompt_price + r.completion_tokens * completion_price) / 10**6
-                    for r in mine
-                )
-                assert cost * NANO <= b.limit, (b, cost, seed)
-        assert served > 0 and all(r.completion_tokens <= len(REPLY) for r in rows)
+        await assert_billed_within_budgets(app, rnd, served, served_total, seed)
