@@ -133,5 +133,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     rotate_half(x) * sin == roll(x, half) * sin with sin's first half negated (exactly: only signs
     move), so this is transformers' ``x * cos + rotate_half(x) * sin`` in four ops instead of six.
+    A table narrower than the head (partial rotary, Phi-3) turns the head's leading dims only.
     """
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+    return x * cos + x.roll(dim // 2, -1) * sin

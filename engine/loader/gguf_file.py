@@ -47,7 +47,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-} | {part: module for family in FAMILIES for part, module in family.gguf_layer_tensors.items()}
+}
+# Each family's names: Llama's, with its own added or in their place (Gemma 3's ffn_norm).
+_FAMILY_LAYER_NAMES = {
+    family.gguf_architecture: _LAYER_NAMES | dict(family.gguf_layer_tensors) for family in FAMILIES
+}
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # GGML type name -> the name suffix its raw blocks are passed on under (see QuantizedTensors).
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
@@ -89,15 +93,16 @@ def rope_freq_factors(reader: GgufFile) -> list[float] | None:
     return None
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight` (in ``architecture``'s names)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _FAMILY_LAYER_NAMES.get(architecture, _LAYER_NAMES)
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         raise ValueError(f"unexpected tensor {gguf_name!r} in GGUF file")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -153,7 +158,7 @@ def iter_tensors(
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS_TENSOR:
             continue  # read into the config (rope_freq_factors)
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, architecture)
         type_name = tensor.tensor_type.name
         packed_suffix = (_INT4_SUFFIX_BY_TYPE.get(type_name) if keep_int4 else None) or (
             _TERNARY_SUFFIX_BY_TYPE.get(type_name) if keep_ternary else None

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.cpu import kernels as cpu_kernels
+from engine.families import family_for_hf
 from engine.layers.attention import set_decode_backend
 from engine.layers.attention_backends import TritonDecode
 from engine.layers.quant.checkpoint import (
@@ -165,7 +166,7 @@ def _open(path: str | Path | None) -> _Checkpoint:
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
             tensors=lambda keep_int4=False, keep_ternary=False, keep_blocks=False: (
-                safetensors_files.iter_tensors(files)
+                safetensors_files.iter_tensors(files, family_for_hf(config.architecture).hf_norm_offset)
             ),
         )
     if path.suffix == ".gguf" and path.is_file():

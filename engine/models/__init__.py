@@ -7,11 +7,13 @@ from torch import nn
 from engine.families import family_for_hf
 from engine.model_config import ModelConfig
 from engine.models.bitnet import BitNetForCausalLM
+from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.llama import LlamaForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "bitnet": BitNetForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
 }
 
 

@@ -125,6 +125,8 @@ def supports(layer: nn.Module) -> bool:
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
             return False
+    if attention.attn.window is not None or attention.rotary_dim != attention.head_dim:
+        return False  # the C layer attends from position 0 and turns the whole head (for now)
     head_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
     if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in head_norms):
         return False  # the struct holds one eps, and the C path calls the C norm
@@ -231,7 +233,12 @@ def attach_decoder_kernels(model: nn.Module) -> bool:
     :class:`DecoderLayersKernel`. Returns whether one was attached."""
     attached = False
     for module in model.modules():
-        if isinstance(module, LlamaModel) and len(module.layers) and all(map(supports, module.layers)):
+        if (
+            isinstance(module, LlamaModel)
+            and len(module.layers)
+            and not module.local_layers  # the C call takes one rotary table
+            and all(map(supports, module.layers))
+        ):
             module.decode_kernel = DecoderLayersKernel(module.layers)  # type: ignore[arg-type]
             attached = True
     return attached

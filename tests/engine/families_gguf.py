@@ -1,12 +1,16 @@
-"""Llama 3.x, Qwen3 and SmolLM3 as GGUF files, written with the tensor names, permutations and metadata
-that llama.cpp's converter (``convert_hf_to_gguf.py``, ``conversion/llama.py`` and ``qwen.py``) uses:
+"""Llama 3.x, Qwen3, SmolLM3 and Gemma 3 as GGUF files, written with the tensor names, permutations and
+metadata that llama.cpp's converter (``convert_hf_to_gguf.py``, ``conversion/llama.py``, ``qwen.py``
+and ``gemma.py``) uses:
 
 - every family: the Llama keys, ``attention.key_length``/``value_length`` from ``head_dim``;
 - Llama (3.1 rope scaling): q/k rows permuted, and a ``rope_freqs`` tensor of per-pair divisors
   (``LlamaModel.generate_extra_tensors``), no ``rope.scaling`` keys;
 - Qwen3: ``blk.N.attn_q_norm`` / ``attn_k_norm``, q/k as they are (NEOX rope);
 - SmolLM3: Llama's converter (q/k permuted), YaRN as ``rope.scaling.type/factor/original_context_length``
-  (and beta keys when the config has them); its NoPE layers are no key (llama.cpp fixes every 4th).
+  (and beta keys when the config has them); its NoPE layers are no key (llama.cpp fixes every 4th);
+- Gemma 3: every norm written as ``1 + w``, four norms a layer (``post_attention_norm``, ``ffn_norm``
+  before the MLP, ``post_ffw_norm``), ``sliding_window``, ``rope.freq_base_swa``,
+  ``final_logit_softcapping``; no pattern key (llama.cpp's default: every 6th layer global).
 
 Weights come from a random-weight transformers model of the family's config (few layers), in float32
 or quantized by ``gguf.quants`` where it can.
@@ -22,13 +26,24 @@ import gguf
 import numpy as np
 import torch
 
-from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS
+from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS, randomize_norms
 from tests.engine.test_loader_gguf import BYTE_TOKENS, HF_TO_GGUF, add_byte_tokenizer, llama_cpp_permute
 
 Q = gguf.GGMLQuantizationType
 # GGUF architecture -> (the tiny HF variant in conftest, whether llama.cpp permutes its q/k rows).
-FAMILY_VARIANTS = {"llama": ("llama3", True), "qwen3": ("qwen3", False), "smollm3": ("smollm3", True)}
+FAMILY_VARIANTS = {
+    "llama": ("llama3", True),
+    "qwen3": ("qwen3", False),
+    "smollm3": ("smollm3", True),
+    "gemma3": ("gemma3", False),
+}
 _EXTRA_NAMES = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+# Gemma 3's four norms a layer (``gguf-py``'s tensor map): its pre-MLP norm is GGUF's ffn_norm.
+_GEMMA3_NAMES = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 
 
 def tiny_family_model(architecture: str, layers: int | None = None) -> Any:
@@ -40,10 +55,15 @@ def tiny_family_model(architecture: str, layers: int | None = None) -> Any:
     if layers is not None:
         fields["num_hidden_layers"] = layers
     torch.manual_seed(sum(map(ord, architecture)))
-    return transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**fields)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(
+        getattr(transformers, config_class)(**fields)
+    ).eval()
+    if architecture == "gemma3":
+        randomize_norms(model)
+    return model
 
 
-def gguf_tensor_name(hf_name: str) -> str:
+def gguf_tensor_name(hf_name: str, architecture: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -52,7 +72,8 @@ def gguf_tensor_name(hf_name: str) -> str:
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{({**HF_TO_GGUF, **_EXTRA_NAMES})[module]}.{kind}"
+    names = {**HF_TO_GGUF, **_EXTRA_NAMES, **(_GEMMA3_NAMES if architecture == "gemma3" else {})}
+    return f"blk.{layer}.{names[module]}.{kind}"
 
 
 def head_dim(config: Any) -> int:
@@ -89,6 +110,12 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: Any) -> None:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     params = config.rope_parameters
+    if "full_attention" in params:  # Gemma 3 (``Gemma3Model.set_gguf_parameters``)
+        writer.add_rope_freq_base_swa(params["sliding_attention"]["rope_theta"])
+        writer.add_sliding_window(config.sliding_window)
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        params = params["full_attention"]
     if params.get("rope_type") == "yarn":
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(params["factor"])
@@ -118,13 +145,17 @@ def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q 
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # not in the checkpoint: tied
         weights = tensor.numpy()
+        if architecture == "gemma3" and name.endswith("norm.weight"):
+            weights = weights + 1.0  # Gemma3Model.norm_shift: the GGUF holds 1 + w
         if permuted and name.endswith("q_proj.weight"):
             weights = llama_cpp_permute(weights, config.num_attention_heads)
         elif permuted and name.endswith("k_proj.weight"):
             weights = llama_cpp_permute(weights, config.num_key_value_heads)
         qtype = linear_type if weights.ndim == 2 else Q.F32
         data = gguf.quants.quantize(np.ascontiguousarray(weights), qtype)
-        writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+        writer.add_tensor(
+            gguf_tensor_name(name, architecture), data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype
+        )
     if config.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     writer.write_header_to_file()

@@ -1,4 +1,5 @@
-"""Llama 3.x (rope_freqs), Qwen3 (q/k norm, own head_dim) and SmolLM3 (NoPE layers, YaRN) from GGUF
+"""Llama 3.x (rope_freqs), Qwen3 (q/k norm, own head_dim), SmolLM3 (NoPE layers, YaRN) and Gemma 3
+(sandwich norms stored as 1 + w, GeGLU, sliding-window layers with their own rope base) from GGUF
 files as llama.cpp's converter writes them (tests/engine/families_gguf.py), float32, against
 transformers on the same random weights: the paged path's logits, greedy tokens through the engine,
 and the GPU path's decode attention (Triton, interpreted on CPU). Their Hugging Face directories are
@@ -59,6 +60,10 @@ def test_the_gguf_describes_the_family(family_pair: tuple[LoadedModel, Any]) -> 
             "factor": 4.0,
             "original_max_position_embeddings": 128,
         }
+    if config.architecture == "Gemma3ForCausalLM":  # the window shorter than every prompt; layer 5 global
+        assert (config.sliding_window, config.sliding_layers) == (hf.sliding_window, (0, 1, 2, 3, 4))
+        assert (config.rope_local_theta, config.final_logit_softcap) == (10000.0, 30.0)
+        assert config.sliding_window < min(len(p.encode()) for p in PROMPTS)
 
 
 def test_logits_and_greedy_tokens_equal_transformers(family_pair: tuple[LoadedModel, Any]) -> None:

@@ -83,7 +83,7 @@ def test_sliding_window_caps_the_context() -> None:
         (
             {"architectures": ["GPT2LMHeadModel"]},
             r"unsupported architecture 'GPT2LMHeadModel'; supported: .*Qwen3ForCausalLM.*SmolLM3ForCausalLM"
-            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, bitnet \(GGUF\)$",
+            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, gemma3, bitnet \(GGUF\)$",
         ),
         ({"architectures": []}, "names no architecture"),
         (
@@ -113,8 +113,9 @@ def test_saved_transformers_configs(variant: str, tiny_model_dir: Callable[[str]
     assert config.num_key_value_heads == hf.num_key_value_heads
     expected_head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     assert config.head_dim == expected_head_dim
-    assert config.rope_theta == hf.rope_parameters["rope_theta"]
-    assert (config.rope_scaling or {}).get("rope_type", "default") == hf.rope_parameters["rope_type"]
+    rope = hf.rope_parameters.get("full_attention", hf.rope_parameters)  # Gemma 3's global layers'
+    assert config.rope_theta == rope["rope_theta"]
+    assert (config.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
     assert config.tie_word_embeddings == hf.tie_word_embeddings
     assert config.attention_bias == (variant in ("qwen2", "llama_tied_gqa"))
     assert config.attention_out_bias == config.mlp_bias == (variant == "llama_tied_gqa")

@@ -166,6 +166,10 @@ def test_tiny_variants_cover_the_features(tiny_pair: tuple[LoadedModel, Any]) ->
         assert config.qk_norm and config.head_dim * config.num_attention_heads != config.hidden_size
     if config.architecture == "SmolLM3ForCausalLM":
         assert config.nope_layers == (3,) and not loaded.model.model.layers[3].self_attn.rotary
+    if config.architecture == "Gemma3ForCausalLM":  # windows shorter than the prompts, one global layer
+        assert config.sliding_window == 6 and config.final_logit_softcap == 30.0
+        assert 0 < len(config.sliding_layers) < config.num_hidden_layers
+        assert config.rope_local_theta == 10000.0 and config.rope_theta == 1000000.0
     if config.tie_word_embeddings:
         assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
     if config.tie_word_embeddings and config.architecture == "LlamaForCausalLM":
