@@ -16,8 +16,13 @@ from engine.families import HF_ARCHITECTURES, family_for_gguf, family_for_hf
 
 SUPPORTED_ARCHITECTURES = HF_ARCHITECTURES
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+LONGROPE_FIELDS = ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor")
+"""LongRoPE as Phi-3's family fills it in (``engine/families/phi3.py``); no other family reads it."""
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 """llama.cpp's per-pair rope divisors (Llama 3.1's scaling as its converter writes it)."""
+CONFIG_TENSORS = (ROPE_FREQS_TENSOR, "rope_factors_long.weight", "rope_factors_short.weight")
+"""GGUF tensors that are configuration, not weights: read into the config (Phi-3's LongRoPE factors
+go to its family's ``gguf_extras``), skipped by the weight reader."""
 
 
 @dataclass(frozen=True)
@@ -78,10 +83,13 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported hidden_act {self.hidden_act!r}; {self.architecture} implements {implemented}"
             )
-        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
+        scaling = self.rope_scaling or {}
+        rope_type = scaling.get("rope_type", "default")
+        longrope = rope_type == "longrope" and all(name in scaling for name in LONGROPE_FIELDS)
+        if rope_type not in SUPPORTED_ROPE_TYPES and not longrope:
             raise ValueError(
                 f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+                " (longrope: Phi3ForCausalLM)"
             )
         factors = self.rope_freq_factors
         if factors is not None and len(factors) != self.head_dim // 2:
@@ -161,9 +169,11 @@ class ModelConfig:
         metadata: Mapping[str, Any],
         tensor_names: set[str],
         rope_freq_factors: Sequence[float] | None = None,
+        config_tensors: Mapping[str, Sequence[float]] | None = None,
     ) -> ModelConfig:
         """Build from GGUF key/values (see `engine.loader.gguf_file.read_metadata`) and tensor names;
-        ``rope_freq_factors``: the file's ``rope_freqs`` tensor where it has one."""
+        ``rope_freq_factors``: the file's ``rope_freqs`` tensor where it has one; ``config_tensors``:
+        its ``CONFIG_TENSORS`` by name (the family's ``gguf_extras`` reads them)."""
         arch = metadata["general.architecture"]
         family = family_for_gguf(arch)
         if ROPE_FREQS_TENSOR in tensor_names and rope_freq_factors is None:
@@ -199,7 +209,7 @@ class ModelConfig:
             nope_layers=family.gguf_nope_layers(num_layers),
             rope_freq_factors=None if rope_freq_factors is None else tuple(map(float, rope_freq_factors)),
         )
-        return cls(**{**fields, **family.gguf_extras(key, num_layers)})
+        return cls(**{**fields, **family.gguf_extras(key, num_layers, config_tensors or {})})
 
 
 def _gguf_rope_scaling(key: Callable[[str, Any], Any]) -> dict[str, Any] | None:

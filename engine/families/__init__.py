@@ -6,7 +6,7 @@ its own also adds its class to ``engine/models/__init__.py``.
 
 from __future__ import annotations
 
-from engine.families import bitnet, gemma3, llama, qwen2, qwen3, smollm3
+from engine.families import bitnet, gemma3, llama, phi3, qwen2, qwen3, smollm3
 from engine.families.spec import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -15,6 +15,7 @@ FAMILIES: tuple[Family, ...] = (
     qwen3.FAMILY,
     smollm3.FAMILY,
     gemma3.FAMILY,
+    phi3.FAMILY,
     bitnet.FAMILY,
 )
 

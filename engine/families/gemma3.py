@@ -17,7 +17,7 @@ sliding-window layers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine.families.spec import Family
@@ -72,7 +72,10 @@ def hf_extras(config: Mapping[str, Any]) -> Mapping[str, Any]:
     }
 
 
-def gguf_extras(key: Callable[[str, Any], Any], num_layers: int) -> Mapping[str, Any]:
+def gguf_extras(
+    key: Callable[[str, Any], Any], num_layers: int, tensors: Mapping[str, Sequence[float]]
+) -> Mapping[str, Any]:
+    del tensors
     window = key("attention.sliding_window", None)
     pattern = key("attention.sliding_window_pattern", GGUF_PATTERN)
     if isinstance(pattern, list):  # one flag per layer

@@ -8,7 +8,7 @@ llama.cpp's q/k permutation. Nothing here imports torch: the config is read befo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,10 @@ def no_extras(config: Mapping[str, Any]) -> Mapping[str, Any]:
     return {}
 
 
-def no_gguf_extras(key: Callable[[str, Any], Any], num_layers: int) -> Mapping[str, Any]:
-    del key, num_layers
+def no_gguf_extras(
+    key: Callable[[str, Any], Any], num_layers: int, tensors: Mapping[str, Sequence[float]]
+) -> Mapping[str, Any]:
+    del key, num_layers, tensors
     return {}
 
 
@@ -67,9 +69,11 @@ class Family:
     one plain RMSNorm (and the C kernels' norms) serve both."""
     hf_extras: Callable[[Mapping[str, Any]], Mapping[str, Any]] = no_extras
     """``ModelConfig`` fields beyond Llama's, from ``config.json`` (sliding window, rope variants)."""
-    gguf_extras: Callable[[Callable[[str, Any], Any], int], Mapping[str, Any]] = no_gguf_extras
-    """The same from a GGUF header: ``(key(name, default), num_layers)`` -> fields; ``key`` reads
-    ``<arch>.<name>``."""
+    gguf_extras: Callable[
+        [Callable[[str, Any], Any], int, Mapping[str, Sequence[float]]], Mapping[str, Any]
+    ] = no_gguf_extras
+    """The same from a GGUF header: ``(key(name, default), num_layers, config tensors)`` -> fields;
+    ``key`` reads ``<arch>.<name>``, the tensors are the file's ``CONFIG_TENSORS`` by name."""
     model: str = "llama"
     """The model code that computes it (``engine/models/__init__.py``, ``MODEL_CLASSES``): the Llama
     decoder with the differences above, unless the family has its own layers (BitNet)."""

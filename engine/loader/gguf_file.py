@@ -30,7 +30,7 @@ from engine.cpu import ggml_kernels
 from engine.families import FAMILIES, family_for_gguf
 from engine.layers.quant.checkpoint import GGUF_INT4_SUFFIXES, GGUF_TERNARY_SUFFIXES
 from engine.loader.gguf_reader import GgufFile, GgufTensor
-from engine.model_config import ROPE_FREQS_TENSOR
+from engine.model_config import CONFIG_TENSORS, ROPE_FREQS_TENSOR
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -91,6 +91,16 @@ def rope_freq_factors(reader: GgufFile) -> list[float] | None:
         if tensor.name == ROPE_FREQS_TENSOR:
             return [float(v) for v in dequantize(tensor).reshape(-1)]
     return None
+
+
+def config_tensors(reader: GgufFile) -> dict[str, list[float]]:
+    """The file's ``CONFIG_TENSORS`` (Phi-3's LongRoPE factors) as lists, by name: configuration,
+    which :func:`iter_tensors` skips."""
+    return {
+        t.name: [float(v) for v in dequantize(t).reshape(-1)]
+        for t in reader.tensors
+        if t.name in CONFIG_TENSORS
+    }
 
 
 def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
@@ -156,8 +166,8 @@ def iter_tensors(
     permuted = family_for_gguf(architecture).gguf_qk_permuted
     tied = "output.weight" not in {t.name for t in reader.tensors}
     for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS_TENSOR:
-            continue  # read into the config (rope_freq_factors)
+        if tensor.name in CONFIG_TENSORS:
+            continue  # read into the config (rope_freq_factors, config_tensors)
         name = hf_tensor_name(tensor.name, architecture)
         type_name = tensor.tensor_type.name
         packed_suffix = (_INT4_SUFFIX_BY_TYPE.get(type_name) if keep_int4 else None) or (

@@ -173,7 +173,10 @@ def _open(path: str | Path | None) -> _Checkpoint:
         reader = gguf_file.open_gguf(path)
         metadata = gguf_file.read_metadata(reader)
         config = ModelConfig.from_gguf_metadata(
-            metadata, {t.name for t in reader.tensors}, gguf_file.rope_freq_factors(reader)
+            metadata,
+            {t.name for t in reader.tensors},
+            gguf_file.rope_freq_factors(reader),
+            gguf_file.config_tensors(reader),
         )
         architecture = metadata["general.architecture"]
         return _Checkpoint(

@@ -27,6 +27,7 @@ from engine.layers.ggml_linear import StackedLinear
 from engine.layers.ternary_linear import TernaryCpuLinear
 from engine.models.bitnet import BitNetAttention, BitNetDecoderLayer, BitNetMLP
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
+from engine.models.phi3 import Phi3Attention, Phi3DecoderLayer, Phi3MLP
 
 # format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
 _FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {
@@ -113,6 +114,7 @@ def _linear(module: nn.Module, keep: list[_Linear]) -> _Linear:
 _LAYER_TYPES = {
     LlamaDecoderLayer: (LlamaAttention, LlamaMLP),
     BitNetDecoderLayer: (BitNetAttention, BitNetMLP),
+    Phi3DecoderLayer: (Phi3Attention, Phi3MLP),  # Llama's layer with its projections fused as stored
 }
 
 

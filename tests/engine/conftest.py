@@ -99,6 +99,23 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
             "query_pre_attn_scalar": 24,
         },
     ),
+    # Phi-4-mini's shape: fused qkv / gate_up, rotary over 12 of 16 dims, LongRoPE whose long factors
+    # start at position 64 (prompts stay under it, greedy tokens run past it), cos/sin scaled.
+    "phi3": (
+        "Phi3Config",
+        {
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 64,
+            "pad_token_id": None,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                "long_factor": [2.0 + 0.5 * i for i in range(6)],
+            },
+        },
+    ),
 }
 # Variants saved as several safetensors shards with an index json.
 SHARDED_VARIANTS = {"qwen2"}

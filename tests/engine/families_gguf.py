@@ -36,6 +36,7 @@ FAMILY_VARIANTS = {
     "qwen3": ("qwen3", False),
     "smollm3": ("smollm3", True),
     "gemma3": ("gemma3", False),
+    "phi3": ("phi3", False),
 }
 _EXTRA_NAMES = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 # Gemma 3's four norms a layer (``gguf-py``'s tensor map): its pre-MLP norm is GGUF's ffn_norm.
@@ -43,6 +44,10 @@ _GEMMA3_NAMES = {
     "post_attention_layernorm": "post_attention_norm",
     "pre_feedforward_layernorm": "ffn_norm",
     "post_feedforward_layernorm": "post_ffw_norm",
+}
+_FAMILY_NAMES = {
+    "gemma3": _GEMMA3_NAMES,
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
 }
 
 
@@ -72,7 +77,7 @@ def gguf_tensor_name(hf_name: str, architecture: str = "llama") -> str:
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    names = {**HF_TO_GGUF, **_EXTRA_NAMES, **(_GEMMA3_NAMES if architecture == "gemma3" else {})}
+    names = {**HF_TO_GGUF, **_EXTRA_NAMES, **_FAMILY_NAMES.get(architecture, {})}
     return f"blk.{layer}.{names[module]}.{kind}"
 
 
@@ -116,6 +121,16 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: Any) -> None:
         if config.final_logit_softcapping:
             writer.add_final_logit_softcapping(config.final_logit_softcapping)
         params = params["full_attention"]
+    rope_dims = head_dim(config)
+    if params.get("rope_type") == "longrope":  # Phi3MiniModel.set_gguf_parameters / generate_extra_tensors
+        rope_dims = (
+            int(params.get("partial_rotary_factor", 1.0) * config.hidden_size) // config.num_attention_heads
+        )
+        original = params["original_max_position_embeddings"]
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_sliding_window(config.sliding_window or 0)
+        scale = config.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
     if params.get("rope_type") == "yarn":
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(params["factor"])
@@ -130,7 +145,7 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: Any) -> None:
         writer.add_key_length(config.head_dim)
         writer.add_value_length(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(head_dim(config))
+    writer.add_rope_dimension_count(rope_dims)
 
 
 def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q = Q.F32) -> Path:
@@ -156,6 +171,10 @@ def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q 
         writer.add_tensor(
             gguf_tensor_name(name, architecture), data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype
         )
+    if config.rope_parameters.get("rope_type") == "longrope":
+        for kind in ("long", "short"):
+            factors = np.array(config.rope_parameters[f"{kind}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
     if config.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     writer.write_header_to_file()

@@ -60,6 +60,12 @@ def test_the_gguf_describes_the_family(family_pair: tuple[LoadedModel, Any]) -> 
             "factor": 4.0,
             "original_max_position_embeddings": 128,
         }
+    if config.architecture == "Phi3ForCausalLM":  # LongRoPE's tensors, partial rotary
+        assert config.rotary_dim == 12 and config.rope_scaling is not None
+        assert config.rope_scaling["long_factor"] == tuple(hf.rope_parameters["long_factor"])
+        assert (
+            max(len(p.encode()) for p in PROMPTS) < 64 < max(len(p.encode()) for p in PROMPTS) + GREEDY_TOKENS
+        )
     if config.architecture == "Gemma3ForCausalLM":  # the window shorter than every prompt; layer 5 global
         assert (config.sliding_window, config.sliding_layers) == (hf.sliding_window, (0, 1, 2, 3, 4))
         assert (config.rope_local_theta, config.final_logit_softcap) == (10000.0, 30.0)

@@ -83,12 +83,13 @@ def test_sliding_window_caps_the_context() -> None:
         (
             {"architectures": ["GPT2LMHeadModel"]},
             r"unsupported architecture 'GPT2LMHeadModel'; supported: .*Qwen3ForCausalLM.*SmolLM3ForCausalLM"
-            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, gemma3, bitnet \(GGUF\)$",
+            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, gemma3, phi3, bitnet \(GGUF\)$",
         ),
         ({"architectures": []}, "names no architecture"),
         (
             {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
-            "unsupported rope scaling 'longrope'; supported: default, linear, llama3, yarn$",
+            r"unsupported rope scaling 'longrope'; supported: default, linear, llama3, yarn \(longrope: Phi3"
+            r"ForCausalLM\)$",
         ),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
