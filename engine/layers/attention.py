@@ -64,6 +64,8 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
+        if self.window is not None and ctx.local is not None:
+            ctx = ctx.local  # a sliding-window layer's own pool (its early pages may be freed)
         num_tokens = q.shape[0]
         if ctx.num_seqs == 0:
             out = self._attend_uncached(q, k, v)
@@ -100,7 +102,9 @@ class Attention(nn.Module):
                 # Through the cache, so that a chunk attends to the same (rounded) keys whether or not
                 # an earlier chunk or the prefix cache computed them.
                 assert ctx.block_tables is not None  # a paged step has them
-                keys, values = self._gather_one(ctx.block_tables[i], key_len)
+                keys, values = self._gather_one(
+                    ctx.block_tables[i], key_len, self._first_key(key_len, end - start)
+                )
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
             out[start:end] = self._attend_chunk(q[start:end], keys, values, ctx.cache)
         if decode_rows:
@@ -165,13 +169,25 @@ class Attention(nn.Module):
             start = stop
         return out
 
-    def _gather_one(self, block_table: torch.Tensor, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's first ``key_len`` cached K/V as [KVH, key_len, D]."""
+    def _first_key(self, key_len: int, num_queries: int) -> int:
+        """The first cached position a chunk of ``num_queries`` ending at ``key_len`` may attend to,
+        rounded down to its block: 0 for a full-attention layer."""
+        if self.window is None:
+            return 0
         block_size = self.k_cache.shape[1]
-        blocks = block_table[: -(-key_len // block_size)].long()
+        return max(0, key_len - num_queries - self.window + 1) // block_size * block_size
+
+    def _gather_one(
+        self, block_table: torch.Tensor, key_len: int, first: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's cached K/V of positions ``first`` (a block's start) to ``key_len`` as
+        [KVH, key_len - first, D]. The causal and window masks are the same relative to ``first``, so
+        a sliding-window layer reads only the blocks its window reaches (the ones before may be freed)."""
+        block_size = self.k_cache.shape[1]
+        blocks = block_table[first // block_size : -(-key_len // block_size)].long()
         shape = (-1, self.num_kv_heads, self.head_dim)
-        keys = self.k_cache[blocks].reshape(shape)[:key_len].transpose(0, 1)
-        values = self.v_cache[blocks].reshape(shape)[:key_len].transpose(0, 1)
+        keys = self.k_cache[blocks].reshape(shape)[: key_len - first].transpose(0, 1)
+        values = self.v_cache[blocks].reshape(shape)[: key_len - first].transpose(0, 1)
         return keys, values
 
     def _sdpa_one(
