@@ -202,7 +202,7 @@ static int decoder_layer(const TernDecoderLayer *L, float *hidden, int64_t M, in
     tern_store_rows(ws->qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
     tern_store_rows(ws->qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
     for (int64_t r = 0; r < M; r++) memcpy(ws->q + r * H * D, ws->qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
-    status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens,
+    status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, 0,
                                          M, H, KVH, D, L->block_size, L->scale, ws->attended);
     if (status == 0 && L->attn_sub_norm) tern_rms_norm(ws->attended, L->attn_sub_norm, M, H * D, L->eps, ws->attended);
     if (status || (status = linear(&L->o, ws->attended, M, ws->projected))) return status;
@@ -282,8 +282,8 @@ static void ternary_layers(const TernDecoderLayer *layers, int64_t count, float 
             tern_store_rows(row + (H + KVH) * D, 1, qkv_width, KVH * D, slots + r, L->v_cache, L->half);
             memcpy(ws->q + r * H * D, row, (size_t)(H * D) * sizeof(float));
         }
-        tern_paged_attention_work(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, M, H,
-                                  KVH, D, L->block_size, L->scale, first, partials, ws->attended);
+        tern_paged_attention_work(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, 0, M,
+                                  H, KVH, D, L->block_size, L->scale, first, partials, ws->attended);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++) {
             float *row = ws->attended + r * H * D;
@@ -330,7 +330,7 @@ static int run_ternary_layers(const TernDecoderLayer *layers, int64_t count, flo
     int64_t *first = malloc((size_t)(M + 1) * sizeof(int64_t));
     float *partials = NULL;
     if (first) {
-        const int64_t chunks = tern_attention_chunks(context_lens, M, first);
+        const int64_t chunks = tern_attention_chunks(context_lens, 0, M, first);
         partials = malloc((size_t)(chunks * L->heads * (L->head_dim + 2) + 1) * sizeof(float));
     }
     const int status = act.qs && act.scale && act.sums && partials ? 0 : -1;

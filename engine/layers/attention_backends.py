@@ -102,14 +102,10 @@ class CDecode:
         scale: float,
         window: int | None = None,
     ) -> torch.Tensor:
-        if window is not None:
-            # The C kernel reads a row's keys from position 0: a windowed layer takes the gather path
-            # over the same float16 cache (correct, not yet the C kernel's speed).
-            return _TORCH(q, k_cache, v_cache, ctx, rows, scale, window)
         tables, lens = _tables_and_lens(ctx, rows, q.device)
-        return cpu_kernels.paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, scale).to(
-            q.dtype
-        )
+        return cpu_kernels.paged_decode_attention(
+            q.float(), k_cache, v_cache, tables, lens, scale, window
+        ).to(q.dtype)
 
 
 class TorchDecode:
@@ -147,9 +143,6 @@ class TorchDecode:
                 queries[members], keys, values, attn_mask=mask, scale=scale
             )
         return out.reshape(q.shape[0], heads, dim).to(q.dtype)
-
-
-_TORCH = TorchDecode()
 
 
 def _decode_groups(

@@ -200,7 +200,23 @@ RANDOM_VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
     "llama3": ("llama", 64, True, False),
     "qwen3": ("qwen3", 128, False, False),  # head_dim 128 at hidden 256 / 4 heads
     "smollm3": ("smollm3", 64, False, True),  # layer 3 of 4 NoPE
+    "gemma3": ("gemma3", 64, False, False),  # layers 0 and 2 local (window 64), four norms a layer
+    "phi3": ("phi3", 64, False, False),  # Phi-4-mini's rotary over 48 of 64 dims, LongRoPE past 256
+    "phi3_full": ("phi3", 64, False, False),  # Phi-3-mini: rotary over the whole head
 }
+RANDOM_WINDOW = 64
+RANDOM_ROTARY = {"phi3": 48}
+"""Rotary dims where they are fewer than head_dim (Phi-4-mini's partial_rotary_factor 0.75)."""
+
+
+def _add_random_family_keys(writer: gguf.GGUFWriter, architecture: str) -> None:
+    if architecture == "gemma3":  # layers 0 and 2 local: a pattern key, as llama.cpp reads one
+        writer.add_sliding_window(RANDOM_WINDOW)
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+        writer.add_rope_freq_base_swa(10000.0)
+        writer.add_final_logit_softcapping(30.0)
+    if architecture == "phi3":  # LongRoPE's long factors for sequences past 256 positions
+        writer.add_rope_scaling_orig_ctx_len(RANDOM_CONTEXT // 4)
 
 
 def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed: int = 0) -> Path:
@@ -222,8 +238,9 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_key_length(dim)
     writer.add_value_length(dim)
-    writer.add_rope_dimension_count(dim)
+    writer.add_rope_dimension_count(RANDOM_ROTARY.get(variant, dim))
     writer.add_vocab_size(len(BYTE_TOKENS))
+    _add_random_family_keys(writer, architecture)
     if yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(4.0)
@@ -239,6 +256,15 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
         "ffn_up": (RANDOM_FFN, RANDOM_HIDDEN),
         "ffn_down": (RANDOM_HIDDEN, RANDOM_FFN),
     }
+    if architecture == "phi3":  # stored fused, typed as their v and up parts
+        fused = {
+            "attn_qkv": ((q_rows + 2 * kv_rows, RANDOM_HIDDEN), "attn_v"),
+            "ffn_up": ((2 * RANDOM_FFN, RANDOM_HIDDEN), "ffn_up"),
+        }
+        for role in ("attn_q", "attn_k", "attn_v", "ffn_gate"):
+            del shapes[role]
+        shapes.update({role: shape for role, (shape, _) in fused.items()})
+        types = {**types, **{role: types[part] for role, (_, part) in fused.items()}}
 
     def add(name: str, ggml_type: Q, rows: int, width: int, scale: float = 1.0) -> None:
         blocks = random_blocks(ggml_type, rows, width, int(generator.integers(1 << 30)), scale)
@@ -246,9 +272,14 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
 
     add("token_embd.weight", Q.Q8_0, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
     for layer in range(RANDOM_LAYERS):
-        for norm in ("attn_norm", "ffn_norm"):
-            writer.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(RANDOM_HIDDEN, dtype=np.float32))
-        if architecture == "qwen3":
+        if architecture == "gemma3":  # four norms a layer, as 1 + w
+            for norm in ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm"):
+                weights = generator.uniform(0.5, 1.5, RANDOM_HIDDEN).astype(np.float32)
+                writer.add_tensor(f"blk.{layer}.{norm}.weight", weights)
+        else:
+            for norm in ("attn_norm", "ffn_norm"):
+                writer.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(RANDOM_HIDDEN, dtype=np.float32))
+        if architecture in ("qwen3", "gemma3"):
             for norm in ("attn_q_norm", "attn_k_norm"):
                 weights = generator.uniform(0.5, 1.5, dim).astype(np.float32)
                 writer.add_tensor(f"blk.{layer}.{norm}.weight", weights)
@@ -258,6 +289,10 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
     add("output.weight", Q.Q6_K, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
     if rope_freqs:
         writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, dim // 2, dtype=np.float32))
+    if variant == "phi3":
+        pairs = RANDOM_ROTARY[variant] // 2
+        writer.add_tensor("rope_factors_long.weight", np.linspace(1.0, 16.0, pairs, dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, pairs, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
