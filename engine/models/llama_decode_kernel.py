@@ -75,7 +75,7 @@ class _Layer(ctypes.Structure):
         ("relu2", ctypes.c_int32),
         ("q_norm", ctypes.c_void_p),  # Qwen3 only, else NULL
         ("k_norm", ctypes.c_void_p),
-        ("rotary", ctypes.c_int32),  # 0 on a NoPE layer (SmolLM3)
+        ("rotary", ctypes.c_int32),  # rotary dims (Phi-4-mini: 3/4 of the head); 0 on a NoPE layer (SmolLM3)
     ]
 
 
@@ -127,8 +127,8 @@ def supports(layer: nn.Module) -> bool:
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
             return False
-    if attention.attn.window is not None or attention.rotary_dim != attention.head_dim:
-        return False  # the C layer attends from position 0 and turns the whole head (for now)
+    if attention.attn.window is not None:
+        return False  # the one-call C layers take no window yet (Gemma 3 declines anyway: its layers)
     head_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
     if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in head_norms):
         return False  # the struct holds one eps, and the C path calls the C norm
@@ -171,7 +171,7 @@ def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
         k_cache.shape[1],
         *_bitnet_fields(layer),
         *_head_norms(attention),
-        int(attention.rotary),
+        attention.rotary_dim if attention.rotary else 0,
     )
 
 
