@@ -167,6 +167,7 @@ class ModelRunner:
         block_tables: list[list[int]] = []
         local_tables: list[list[int]] = []
         local_slots: list[int] = []
+        rope_reach: list[int] = []  # LongRoPE's choice: a prompt's end while prefilling, else the context
         sampling: list[int] = []  # the sequences that sample this step
         logit_rows: list[int] = []  # rows of the flat batch that need logits, in sampling order
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
@@ -192,6 +193,8 @@ class ModelRunner:
                 context_lens.append(end)
             block_tables.extend([table] * rows)
             local_tables.extend([local] * rows)
+            reach = max(end, seq.num_prompt_tokens) if start < seq.num_prompt_tokens else end
+            rope_reach.extend(range(start + 1, end + 1) if seq.draft_token_ids else [reach])
         context = make_context(
             query_lens=query_lens,
             context_lens=context_lens,
@@ -200,6 +203,7 @@ class ModelRunner:
             device=self.device,
             local_block_tables=local_tables if self.local_kv_cache is not None else None,
             local_slot_mapping=local_slots if self.local_kv_cache is not None else None,
+            rope_reach=rope_reach,
         )
         return PreparedStep(input_ids, positions, context, sampling, logit_rows)
 

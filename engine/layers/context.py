@@ -38,6 +38,10 @@ class Context:
     """``context_lens`` as Python ints."""
     cache: dict[Hashable, object] = field(default_factory=dict)
     """Per-step scratch shared by all layers (e.g. masks built once, used by every layer)."""
+    rope_reach_host: list[int] = field(default_factory=list)
+    """Per sequence, the furthest it reaches in the forward transformers would compute its tokens in:
+    its whole prompt while prefilling, else its context (LongRoPE's short/long choice); empty: the
+    context lengths."""
     local: Context | None = None
     """The sliding-window layers' view of the step: the same rows over their own pool's block tables
     and slots (engine/cache/block_manager.py); None: they share the main pool's."""
@@ -74,6 +78,7 @@ def make_context(
     device: torch.device | str = "cpu",
     local_block_tables: list[list[int]] | None = None,
     local_slot_mapping: list[int] | None = None,
+    rope_reach: list[int] | None = None,
 ) -> Context:
     """Build a :class:`Context` from host lists (shared by the model runner and tests); with
     ``local_block_tables`` and ``local_slot_mapping``, its ``local`` view for sliding-window layers."""
@@ -106,4 +111,5 @@ def make_context(
         cu_seqlens_q=torch.tensor(cu, dtype=torch.int32, device=device),
         query_lens_host=list(query_lens),
         context_lens_host=list(context_lens),
+        rope_reach_host=list(rope_reach or ()),
     )

@@ -84,12 +84,14 @@ def _longrope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any], lon
 
 def longrope_rows(positions: torch.Tensor, original: int) -> torch.Tensor:
     """[T] bool: which tokens take LongRoPE's long factors. transformers picks them per forward, by its
-    largest position; here per sequence of the step (its context past ``original`` tokens), the same
-    choice for a forward of one sequence. Without a context the batch is one sequence."""
+    largest position: a whole prompt, then one token at a time. Here per sequence of the step, by how
+    far that forward reaches (``Context.rope_reach_host``: the prompt's end while it is prefilled, in
+    however many chunks, else the context) past ``original``. Without a context the batch is one
+    sequence."""
     ctx = get_context()
     if ctx.num_seqs == 0:
         return torch.full_like(positions, int(positions.max()) + 1 > original, dtype=torch.bool)
-    flags = [n > original for n in ctx.context_lens_host]
+    flags = [n > original for n in (ctx.rope_reach_host or ctx.context_lens_host)]
     if not any(flags):
         return torch.zeros_like(positions, dtype=torch.bool)
     rows = [flag for flag, n in zip(flags, ctx.query_lens_host, strict=True) for _ in range(n)]
