@@ -202,7 +202,6 @@ RANDOM_VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
     "smollm3": ("smollm3", 64, False, True),  # layer 3 of 4 NoPE
     "gemma3": ("gemma3", 64, False, False),  # layers 0 and 2 local (window 64), four norms a layer
     "phi3": ("phi3", 64, False, False),  # Phi-4-mini's rotary over 48 of 64 dims, LongRoPE past 256
-    "phi3_full": ("phi3", 64, False, False),  # Phi-3-mini: rotary over the whole head
 }
 RANDOM_WINDOW = 64
 RANDOM_ROTARY = {"phi3": 48}
