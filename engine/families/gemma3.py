@@ -53,6 +53,8 @@ def _hf_rope(config: Mapping[str, Any]) -> tuple[float, dict[str, Any] | None, f
 
 
 def hf_extras(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    if config.get("attn_logit_softcapping"):  # Gemma 2's; Gemma 3 has none (llama.cpp asserts as much)
+        raise ValueError("attn_logit_softcapping is not supported (Gemma 3 configs have none)")
     theta, scaling, local_theta = _hf_rope(config)
     window = config.get("sliding_window")
     softcap = config.get("final_logit_softcapping")

@@ -100,6 +100,31 @@ def test_unsupported_configs_are_refused(change: dict, message: str) -> None:
         ModelConfig.from_hf_dict({**LLAMA_32_CONFIG, **change})
 
 
+def test_gemma3_configs_as_google_wrote_them() -> None:
+    """Gemma 3 1B's config.json keys (transformers 4.5x: rope_local_base_freq, sliding_window_pattern,
+    no layer_types): every 6th layer global, its own rope bases; a Gemma 2 attention soft-cap refused."""
+    config = {
+        **LLAMA_32_CONFIG,
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 12,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": None,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 32768,
+    }
+    gemma = ModelConfig.from_hf_dict(config)
+    assert gemma.sliding_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10) and gemma.sliding_window == 512
+    assert (gemma.rope_theta, gemma.rope_local_theta, gemma.rope_scaling) == (1000000.0, 10000.0, None)
+    assert gemma.max_position_embeddings == 32768 and gemma.attention_scale == 256**-0.5
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        ModelConfig.from_hf_dict({**config, "attn_logit_softcapping": 50.0})
+
+
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
 def test_saved_transformers_configs(variant: str, tiny_model_dir: Callable[[str], Path]) -> None:
     """Configs as transformers 5 writes them (rope_parameters, generation_config.json)."""
