@@ -15,8 +15,13 @@ from typing import Any
 from engine.families import family_for_gguf, family_for_hf
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+LONGROPE_FIELDS = ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor")
+"""LongRoPE as Phi-3's family fills it in (``engine/families/phi3.py``); no other family reads it."""
 ROPE_FREQS_TENSOR = "rope_freqs.weight"
 """llama.cpp's per-pair rope divisors (Llama 3.1's scaling as its converter writes it)."""
+CONFIG_TENSORS = (ROPE_FREQS_TENSOR, "rope_factors_long.weight", "rope_factors_short.weight")
+"""GGUF tensors that are configuration, not weights: read into the config (Phi-3's LongRoPE factors
+go to its family's ``gguf_extras``), skipped by the weight reader."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,22 @@ class ModelConfig:
     rope_freq_factors: tuple[float, ...] | None = None
     """A GGUF's ``rope_freqs`` tensor: each pair's inverse frequency is divided by its factor, as
     llama.cpp does (how its converter stores Llama 3.1's rope scaling). None: none."""
+    rotary_dim: int | None = None
+    """How many of each head's leading dims rotary turns (Phi-3's ``partial_rotary_factor``); None:
+    all of them."""
+    sliding_window: int | None = None
+    """The window of the ``sliding_layers``: each of their tokens attends to the last this many
+    positions, itself included (transformers' and llama.cpp's masks). None: no local layers."""
+    sliding_layers: tuple[int, ...] = ()
+    rope_local_theta: float | None = None
+    """The rope base of the sliding layers, which apply no rope scaling (Gemma 3). None: the
+    global rope serves every layer."""
+    attention_scale: float | None = None
+    """What q.k is multiplied by (Gemma 3's ``query_pre_attn_scalar ** -0.5``); None: head_dim ** -0.5."""
+    embedding_scale: float = 1.0
+    """What the token embeddings are multiplied by (Gemma: sqrt(hidden))."""
+    final_logit_softcap: float | None = None
+    """Logits become ``tanh(logits / c) * c`` (Gemma 3 where its config has one)."""
 
     def __post_init__(self) -> None:
         family = family_for_hf(self.architecture)
@@ -61,20 +82,30 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported hidden_act {self.hidden_act!r}; {self.architecture} implements {implemented}"
             )
-        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
+        scaling = self.rope_scaling or {}
+        rope_type = scaling.get("rope_type", "default")
+        longrope = rope_type == "longrope" and all(name in scaling for name in LONGROPE_FIELDS)
+        if rope_type not in SUPPORTED_ROPE_TYPES and not longrope:
             raise ValueError(
                 f"unsupported rope scaling {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+                " (longrope: Phi3ForCausalLM)"
             )
         factors = self.rope_freq_factors
         if factors is not None and len(factors) != self.head_dim // 2:
             raise ValueError(
                 f"rope_freqs has {len(factors)} factors; head_dim {self.head_dim} needs {self.head_dim // 2}"
             )
-        if any(not 0 <= i < self.num_hidden_layers for i in self.nope_layers):
+        if any(not 0 <= i < self.num_hidden_layers for i in (*self.nope_layers, *self.sliding_layers)):
             raise ValueError(
-                f"no-rope layers {self.nope_layers} outside the model's {self.num_hidden_layers}"
+                f"no-rope layers {self.nope_layers} or sliding layers {self.sliding_layers} outside the "
+                f"model's {self.num_hidden_layers}"
             )
+        if self.sliding_layers and not (self.sliding_window or 0) > 0:
+            raise ValueError(f"sliding layers {self.sliding_layers} without a positive sliding_window")
+        if self.rotary_dim is not None and not (
+            0 < self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0
+        ):
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and within head_dim {self.head_dim}")
 
     # -- Hugging Face -------------------------------------------------------------------------
 
@@ -100,7 +131,7 @@ class ModelConfig:
         num_heads = config["num_attention_heads"]
         rope_theta, rope_scaling = _hf_rope(config)
         eos = (generation_config or {}).get("eos_token_id", config.get("eos_token_id"))
-        return cls(
+        fields: dict[str, Any] = dict(
             architecture=architecture,
             vocab_size=config["vocab_size"],
             hidden_size=hidden_size,
@@ -123,6 +154,7 @@ class ModelConfig:
             qk_norm=family.qk_norm,
             nope_layers=family.hf_nope_layers(config),
         )
+        return cls(**{**fields, **family.hf_extras(config)})
 
     # -- GGUF -----------------------------------------------------------------------------------
 
@@ -132,9 +164,11 @@ class ModelConfig:
         metadata: Mapping[str, Any],
         tensor_names: set[str],
         rope_freq_factors: Sequence[float] | None = None,
+        config_tensors: Mapping[str, Sequence[float]] | None = None,
     ) -> ModelConfig:
         """Build from GGUF key/values (see `engine.loader.gguf_file.read_metadata`) and tensor names;
-        ``rope_freq_factors``: the file's ``rope_freqs`` tensor where it has one."""
+        ``rope_freq_factors``: the file's ``rope_freqs`` tensor where it has one; ``config_tensors``:
+        its ``CONFIG_TENSORS`` by name (the family's ``gguf_extras`` reads them)."""
         arch = metadata["general.architecture"]
         family = family_for_gguf(arch)
         if ROPE_FREQS_TENSOR in tensor_names and rope_freq_factors is None:
@@ -148,7 +182,7 @@ class ModelConfig:
         head_dim = key("attention.key_length") or key("rope.dimension_count") or hidden_size // num_heads
         tokens = metadata.get("tokenizer.ggml.tokens")
         num_layers = key("block_count")
-        return cls(
+        fields: dict[str, Any] = dict(
             architecture=family.hf_architectures[0],
             vocab_size=key("vocab_size") or len(tokens or ()),
             hidden_size=hidden_size,
@@ -170,6 +204,7 @@ class ModelConfig:
             nope_layers=family.gguf_nope_layers(num_layers),
             rope_freq_factors=None if rope_freq_factors is None else tuple(map(float, rope_freq_factors)),
         )
+        return cls(**{**fields, **family.gguf_extras(key, num_layers, config_tensors or {})})
 
 
 def _gguf_rope_scaling(key: Callable[[str, Any], Any]) -> dict[str, Any] | None:
@@ -227,7 +262,9 @@ def _context_length(config: Mapping[str, Any]) -> int:
     """max_position_embeddings, capped at a sliding attention window when the model uses one.
 
     Full attention equals sliding-window attention while a sequence fits in the window, so
-    capping the context keeps outputs exact without implementing the window.
+    capping the context keeps outputs exact for the families (Mistral, Qwen2) whose windows the
+    engine does not run; a family that runs its window (Gemma 3: ``ModelConfig.sliding_layers``)
+    sets the full context in its ``hf_extras``.
     """
     length = config.get("max_position_embeddings", 2048)
     window = config.get("sliding_window") if config.get("use_sliding_window", True) else None

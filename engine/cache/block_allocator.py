@@ -14,7 +14,7 @@ and the never-written ones are the bottom of the stack.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 
 class NoFreeBlocksError(RuntimeError):
@@ -30,6 +30,9 @@ class BlockAllocator:
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 on top
         self.num_written = 0
         """Blocks ever handed out: the pool's resident part (its other pages were never touched)."""
+        self.on_free: Callable[[int], None] | None = None
+        """Called with each block whose last reference goes (the prefix cache lets go of the
+        sliding-window blocks it kept beside it)."""
 
     @property
     def num_free(self) -> int:
@@ -67,3 +70,5 @@ class BlockAllocator:
             self._refcounts[b] -= 1
             if self._refcounts[b] == 0:
                 self._free.append(b)
+                if self.on_free is not None:
+                    self.on_free(b)

@@ -15,6 +15,13 @@ sequence gives its blocks back), :meth:`num_reclaimable_blocks` /
 The block manager owns block tables only: it reads a sequence's token counts but
 never writes them. What it did that changes them (tokens taken from the cache) it
 returns, and the scheduler applies it.
+
+Sliding-window layers (Gemma 3's local layers, ``window``) keep their KV in a pool of their own
+(``local``, as many blocks as the main pool, each a page of those layers only): a sequence's
+``local_block_table`` pairs a local block with each of its pages, and a page whose every position is
+out of the window of the step's first query goes back to the pool as the sequence runs (its entry
+becomes -1). A live local block is paired with one live main block (its page's), so the local pool
+never runs out first, and its resident memory is what the windows hold.
 """
 
 from __future__ import annotations
@@ -40,11 +47,15 @@ class BlockManager:
     caches_prefixes = False
     """True when a prefix cache is attached (the scheduler then orders admissions cache-aware)."""
 
-    def __init__(self, allocator: BlockAllocator, block_size: int) -> None:
+    def __init__(self, allocator: BlockAllocator, block_size: int, *, window: int | None = None) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.allocator = allocator
         self.block_size = block_size
+        self.window = window
+        """The sliding-window layers' window (None: the model has none)."""
+        self.local = BlockAllocator(allocator.num_blocks) if window else None
+        """The sliding-window layers' pool's allocator."""
 
     @property
     def num_blocks(self) -> int:
@@ -70,11 +81,29 @@ class BlockManager:
     def allocate(self, seq: CachedSequence, num_new_tokens: int) -> None:
         """Grow ``seq.block_table`` for ``num_new_tokens`` more tokens (raises NoFreeBlocksError)."""
         missing = self.num_missing_blocks(seq, num_new_tokens)
-        if missing == 0:
-            return
-        if missing > self.num_free_blocks:
-            self._reclaim(missing - self.num_free_blocks)
-        seq.block_table.extend(self.allocator.allocate(missing))
+        if missing > 0:
+            if missing > self.num_free_blocks:
+                self._reclaim(missing - self.num_free_blocks)
+            seq.block_table.extend(self.allocator.allocate(missing))
+        if self.local is not None:
+            self._slide_window(seq)
+
+    def _slide_window(self, seq: CachedSequence) -> None:
+        """A local block for each new page; the pages before the window of the step's first query
+        (position ``num_computed_tokens``) freed."""
+        assert self.local is not None and self.window is not None
+        table = seq.local_block_table
+        if len(table) < len(seq.block_table):
+            table.extend(self.local.allocate(len(seq.block_table) - len(table)))
+        first_page = max(0, seq.num_computed_tokens - self.window + 1) // self.block_size
+        out = [b for b in table[:first_page] if b >= 0]
+        if out:
+            self.local.decref(out)
+            table[:first_page] = [-1] * first_page
+
+    def num_local_blocks(self, seq: CachedSequence) -> int:
+        """The sliding-window blocks ``seq`` holds (those inside its window)."""
+        return sum(b >= 0 for b in seq.local_block_table)
 
     def trim(self, seq: CachedSequence) -> None:
         """Give back blocks beyond what ``seq``'s tokens need (those only rejected drafts wrote to).
@@ -83,6 +112,7 @@ class BlockManager:
         if len(seq.block_table) > keep:
             self.allocator.decref(seq.block_table[keep:])
             del seq.block_table[keep:]
+        self._drop_local(seq, keep)
 
     def share(self, seq: CachedSequence, blocks: list[int]) -> None:
         """Give ``seq`` a reference to ``blocks``, which already hold its first tokens."""
@@ -96,6 +126,12 @@ class BlockManager:
         self.release(seq)
         self.allocator.decref(seq.block_table)
         seq.block_table = []
+        self._drop_local(seq, 0)
+
+    def _drop_local(self, seq: CachedSequence, keep: int) -> None:
+        if self.local is not None and len(seq.local_block_table) > keep:
+            self.local.decref(b for b in seq.local_block_table[keep:] if b >= 0)
+            del seq.local_block_table[keep:]
 
     # -- prefix-cache seam (no-ops without a cache) ----------------------------------------
 

@@ -15,6 +15,13 @@ It fills the seams of :class:`BlockManager`:
 
 The namespace of a sequence is (model name, request's ``cache_namespace``), so models
 and isolated tenants never share blocks.
+
+With sliding-window layers (``window``), a cached page keeps beside it (``_local_of``) the local
+block its sequence still held for it when it was inserted, for as long as the tree keeps the page.
+A hit is used only as far as the local blocks of the window before its end are all kept: the
+longest such prefix of the match (none when the sequence that computed it had already let them go,
+e.g. a prompt longer than the window hit in full: its start is then recomputed). No partial page is
+taken for such a model (its local half is not copied).
 """
 
 from __future__ import annotations
@@ -45,8 +52,12 @@ class PrefixCachingBlockManager(BlockManager):
         *,
         model_name: str,
         resident_blocks: int | None = None,
+        window: int | None = None,
     ) -> None:
-        super().__init__(allocator, block_size)
+        super().__init__(allocator, block_size, window=window)
+        self._local_of: dict[int, int] = {}
+        """A cached page's block -> the sliding-window block kept with it (one reference each)."""
+        allocator.on_free = self._forget_local
         self.model_name = model_name
         self.cache = RadixCache(allocator, block_size)
         self.resident_blocks = allocator.num_blocks // 2 if resident_blocks is None else resident_blocks
@@ -68,11 +79,14 @@ class PrefixCachingBlockManager(BlockManager):
         # At least the last token is computed, so the step yields logits for it.
         match = self.cache.match_prefix(self.namespace(seq), seq.token_ids[:-1])
         self.cache.lock(match.last_node)
-        full_tokens = len(match.blocks) * self.block_size
+        pages = self._pages_with_window(match.blocks)
+        full_tokens = pages * self.block_size
         seq.prefix_handle = _CacheHandle(match.last_node, full_tokens)
-        self.share(seq, match.blocks)
+        self.share(seq, match.blocks[:pages])
         reused = CachedPrefix(full_tokens)
-        if match.partial_block is not None and (dst := self._take_one_block()) is not None:
+        if self.local is not None:
+            self._share_local(seq, match.blocks[:pages])
+        elif match.partial_block is not None and (dst := self._take_one_block()) is not None:
             seq.block_table.append(dst)
             reused.num_tokens += match.partial_tokens
             reused.block_copies.append((match.partial_block, dst))
@@ -89,6 +103,49 @@ class PrefixCachingBlockManager(BlockManager):
         if isinstance(handle, _CacheHandle):
             self.cache.unlock(handle.node)
         seq.prefix_handle = None
+
+    def _window_pages(self, pages: int) -> range:
+        """The pages whose positions the window of position ``pages * block_size`` reaches back to."""
+        assert self.window is not None
+        return range(max(0, pages * self.block_size - self.window + 1) // self.block_size, pages)
+
+    def _pages_with_window(self, blocks: list[int]) -> int:
+        """How many of a match's pages can be taken: all without local layers, else the most whose
+        window's pages all kept their local blocks."""
+        if self.local is None:
+            return len(blocks)
+        pages = len(blocks)
+        while pages and any(blocks[p] not in self._local_of for p in self._window_pages(pages)):
+            pages -= 1
+        return pages
+
+    def _share_local(self, seq: CachedSequence, blocks: list[int]) -> None:
+        assert self.local is not None
+        window = self._window_pages(len(blocks))
+        kept = [self._local_of[blocks[p]] for p in window]
+        self.local.incref(kept)
+        seq.local_block_table = [-1] * window.start + kept
+
+    def _keep_local(self, seq: CachedSequence, node: RadixNode) -> None:
+        """Keep, beside each tree page on ``node``'s path, the local block ``seq`` has for it."""
+        assert self.local is not None
+        path: list[list[int]] = []
+        walk: RadixNode | None = node
+        while walk is not None:
+            path.append(walk.blocks)
+            walk = walk.parent
+        tree_blocks = [b for blocks in reversed(path) for b in blocks]
+        for page, block in enumerate(tree_blocks):
+            local = seq.local_block_table[page] if page < len(seq.local_block_table) else -1
+            if local >= 0 and block not in self._local_of:
+                self.local.incref([local])
+                self._local_of[block] = local
+
+    def _forget_local(self, block: int) -> None:
+        """A main block is free: the local block kept with it (if any) goes too."""
+        local = self._local_of.pop(block, None)
+        if local is not None and self.local is not None:
+            self.local.decref([local])
 
     def num_reclaimable_blocks(self) -> int:
         return self.cache.num_evictable_blocks
@@ -123,6 +180,8 @@ class PrefixCachingBlockManager(BlockManager):
         if done == 0 or (handle is not None and done <= handle.inserted_tokens):
             return
         node = self.cache.insert(self.namespace(seq), seq.token_ids[:done], seq.block_table)
+        if self.local is not None:
+            self._keep_local(seq, node)
         self.cache.lock(node)
         if handle is not None:
             self.cache.unlock(handle.node)

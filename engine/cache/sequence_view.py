@@ -16,6 +16,9 @@ class CachedSequence(Protocol):
     num_computed_tokens: int
     """Tokens whose K/V are in the cache."""
     block_table: list[int]
+    local_block_table: list[int]
+    """The blocks of the sliding-window layers' own pool, page by page as ``block_table``; -1 for a page
+    that fell out of the window and was freed (empty for a model without such layers)."""
     cache_namespace: str | None
     """Sequences with different namespaces never share prefix-cache blocks."""
     prefix_handle: object | None

@@ -136,10 +136,14 @@ class LLMEngine:
         )
 
     def _make_block_manager(self, allocator: BlockAllocator) -> BlockManager:
-        """The prefix cache plugs in here (a BlockManager subclass that reuses cached blocks)."""
+        """The prefix cache plugs in here (a BlockManager subclass that reuses cached blocks); the
+        sliding-window layers' pool follows the runner's (``window``)."""
+        window = self.runner.window
         if self.config.enable_prefix_cache:
-            return PrefixCachingBlockManager(allocator, self.config.block_size, model_name=self.model_name)
-        return BlockManager(allocator, self.config.block_size)
+            return PrefixCachingBlockManager(
+                allocator, self.config.block_size, model_name=self.model_name, window=window
+            )
+        return BlockManager(allocator, self.config.block_size, window=window)
 
     def prefix_cache(self) -> RadixCache | None:
         """The radix tree of cached blocks (None with the prefix cache off)."""

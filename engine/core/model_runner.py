@@ -76,23 +76,34 @@ class ModelRunner:
             self.num_blocks = engine_config.num_kv_blocks
         else:
             self.num_blocks = self._blocks_from_budget(engine_config, engine_config.max_num_batched_tokens)
-        layers = len(self.attention_layers)
         # One block more than the scheduler hands out: the scratch block padding rows and warm-up
         # steps write their K/V to (engine/core/warmup.py, engine/core/cuda_graphs.py).
         self.scratch_block = self.num_blocks
-        shape = (2, layers, self.num_blocks + 1, self.block_size, self.num_kv_heads, self.head_dim)
-        self.kv_cache = _zeroed_pool(shape, self.cache_dtype, device)
-        for i, layer in enumerate(self.attention_layers):
-            layer.k_cache = self.kv_cache[0, i]
-            layer.v_cache = self.kv_cache[1, i]
+        # Sliding-window layers keep their KV in a pool of their own, whose blocks out of the window
+        # are freed as a sequence runs (engine/cache/block_manager.py); the others in the main pool.
+        local = [layer for layer in self.attention_layers if layer.window is not None]
+        full = [layer for layer in self.attention_layers if layer.window is None]
+        self.window = max((layer.window or 0 for layer in local), default=0) or None
+        self.kv_cache = self._pool(full)
+        self.local_kv_cache = self._pool(local) if local else None
         self.graphs: DecodeGraphs | None = None
         """Decode steps replayed as CUDA graphs, once :meth:`warm_up` captured them."""
         log.info(
-            "KV cache: %d blocks of %d tokens (%.2f GiB)",
+            "KV cache: %d blocks of %d tokens (%.2f GiB%s)",
             self.num_blocks,
             self.block_size,
             self.kv_cache.numel() * self.kv_cache.element_size() / _GIB,
+            f", {len(local)} sliding-window layers in a pool of their own" if local else "",
         )
+
+    def _pool(self, layers: list[Attention]) -> torch.Tensor:
+        """A zeroed pool of ``num_blocks`` blocks and the scratch block for ``layers``, each layer
+        given its slice."""
+        shape = (2, len(layers), self.num_blocks + 1, self.block_size, self.num_kv_heads, self.head_dim)
+        pool = _zeroed_pool(shape, self.cache_dtype, self.device)
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = pool[0, i], pool[1, i]
+        return pool
 
     @property
     def bytes_per_block(self) -> int:
@@ -142,7 +153,9 @@ class ModelRunner:
             scratch_block=self.scratch_block,
             block_size=self.block_size,
             max_blocks=-(-self.max_context // self.block_size),
-            graph_safe=all(layer.backend.graph_safe for layer in self.attention_layers),
+            # A sliding-window model's second block table is not among the graphs' static inputs.
+            graph_safe=self.local_kv_cache is None
+            and all(layer.backend.graph_safe for layer in self.attention_layers),
             capture=capture,
         )
         return report
@@ -177,6 +190,9 @@ class ModelRunner:
         query_lens: list[int] = []
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
+        local_tables: list[list[int]] = []
+        local_slots: list[int] = []
+        rope_reach: list[int] = []  # LongRoPE's choice: a prompt's end while prefilling, else the context
         sampling: list[int] = []  # the sequences that sample this step
         logit_rows: list[int] = []  # rows of the flat batch that need logits, in sampling order
         for i, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
@@ -190,20 +206,29 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            local = seq.local_block_table
+            if self.local_kv_cache is not None:
+                local_slots.extend(local[p // bs] * bs + p % bs for p in range(start, end))
+            rows = n if seq.draft_token_ids else 1
             if seq.draft_token_ids:
                 query_lens.extend([1] * n)
                 context_lens.extend(range(start + 1, end + 1))
-                block_tables.extend([table] * n)
             else:
                 query_lens.append(n)
                 context_lens.append(end)
-                block_tables.append(table)
+            block_tables.extend([table] * rows)
+            local_tables.extend([local] * rows)
+            reach = max(end, seq.num_prompt_tokens) if start < seq.num_prompt_tokens else end
+            rope_reach.extend(range(start + 1, end + 1) if seq.draft_token_ids else [reach])
         context = make_context(
             query_lens=query_lens,
             context_lens=context_lens,
             block_tables=block_tables,
             slot_mapping=slots,
             device=self.device,
+            local_block_tables=local_tables if self.local_kv_cache is not None else None,
+            local_slot_mapping=local_slots if self.local_kv_cache is not None else None,
+            rope_reach=rope_reach,
         )
         return PreparedStep(input_ids, positions, context, sampling, logit_rows)
 

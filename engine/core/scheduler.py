@@ -88,7 +88,8 @@ class Scheduler:
         bs = self.block_manager.block_size
         shared_blocks = (parent.num_prompt_tokens - 1) // bs
         child.num_cached_tokens = parent.num_cached_tokens
-        if shared_blocks:
+        # With sliding-window layers the parent's early local pages may be gone: the child recomputes.
+        if shared_blocks and self.block_manager.window is None:
             self.block_manager.share(child, parent.block_table[:shared_blocks])
             child.num_computed_tokens = shared_blocks * bs
         self.add_first(child)

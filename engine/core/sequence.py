@@ -57,6 +57,8 @@ class Sequence:
     num_cached_tokens: int = 0
     """Prompt tokens served from the prefix cache (reported as usage ``cached_tokens``); scheduler-owned."""
     block_table: list[int] = field(default_factory=list)
+    local_block_table: list[int] = field(default_factory=list)
+    """The sliding-window layers' blocks (-1: freed, out of the window); see engine/cache/block_manager.py."""
     status: SequenceStatus = SequenceStatus.WAITING
     arrival_time: float = field(default_factory=time.monotonic)
     first_token_time: float | None = None

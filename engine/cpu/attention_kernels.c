@@ -43,6 +43,11 @@ static void chunk_offsets(const int32_t *table, int64_t start, int64_t end, int6
         offsets[t - start] = ((int64_t)table[t / block_size] * block_size + t % block_size) * token_stride;
 }
 
+/* The first key a row of `length` keys attends to: 0, or with a sliding window (> 0) its last `window`. */
+static inline int64_t window_start(int64_t length, int64_t window) {
+    return window > 0 && length > window ? length - window : 0;
+}
+
 /* s [n] scores -> exp(s - max), in place, with the max and the sum of the exponentials. */
 static void softmax_chunk(float *s, int64_t n, float *top_out, float *total_out) {
     float top = -INFINITY; /* a max is exact, whatever the order */
@@ -100,9 +105,11 @@ static void softmax_chunk(float *s, int64_t n, float *top_out, float *total_out)
 
 /* first [B + 1]: row r's chunks are first[r] .. first[r + 1] - 1 of all rows' (a chunk is a work item).
  * Returns their count. */
-int64_t tern_attention_chunks(const int32_t *context_lens, int64_t B, int64_t *first) {
+int64_t tern_attention_chunks(const int32_t *context_lens, int64_t window, int64_t B, int64_t *first) {
     first[0] = 0;
-    for (int64_t r = 0; r < B; r++) first[r + 1] = first[r] + (context_lens[r] + KEYS_PER_CHUNK - 1) / KEYS_PER_CHUNK;
+    for (int64_t r = 0; r < B; r++)
+        first[r + 1] = first[r] + (context_lens[r] + KEYS_PER_CHUNK - 1) / KEYS_PER_CHUNK -
+                       window_start(context_lens[r], window) / KEYS_PER_CHUNK;
     return first[B];
 }
 
@@ -110,35 +117,36 @@ int64_t tern_attention_chunks(const int32_t *context_lens, int64_t B, int64_t *f
  * every thread of the region calls it), with its first (tern_attention_chunks) and partials
  * ([chunks, H, D + 2] floats) given: layer_kernels.c's decode stack, which runs in one region. */
 void tern_paged_attention_work(const float *q, const void *k_cache, const void *v_cache, int half,
-                               const int32_t *block_tables, int64_t width, const int32_t *context_lens, int64_t B,
-                               int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
-                               const int64_t *first, float *partials, float *out) {
+                               const int32_t *block_tables, int64_t width, const int32_t *context_lens,
+                               int64_t window, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                               float scale, const int64_t *first, float *partials, float *out) {
     if (half)
         attention_work_f16(q, (const uint16_t *)k_cache, (const uint16_t *)v_cache, block_tables, width, context_lens,
-                           B, H, KVH, D, block_size, scale, first, partials, out);
+                           window, B, H, KVH, D, block_size, scale, first, partials, out);
     else
-        attention_work_f32(q, (const float *)k_cache, (const float *)v_cache, block_tables, width, context_lens, B, H,
-                           KVH, D, block_size, scale, first, partials, out);
+        attention_work_f32(q, (const float *)k_cache, (const float *)v_cache, block_tables, width, context_lens,
+                           window, B, H, KVH, D, block_size, scale, first, partials, out);
 }
 
 /* q, out [B, H, D] float32; k_cache, v_cache [num_blocks, block_size, KVH, D], float16 when `half`
- * is set, else float32; block_tables [B, width] int32; context_lens [B] int32. Returns 0, or -1
+ * is set, else float32; block_tables [B, width] int32; context_lens [B] int32; window > 0: each row
+ * attends to its last `window` keys only (the blocks before them are never read). Returns 0, or -1
  * when out of memory. */
 int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,
-                                int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
-                                float *out) {
+                                int64_t window, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                                float scale, float *out) {
     int64_t *first = (int64_t *)malloc((size_t)(B + 1) * sizeof(int64_t));
     if (!first) return -1;
-    const int64_t chunks = tern_attention_chunks(context_lens, B, first);
+    const int64_t chunks = tern_attention_chunks(context_lens, window, B, first);
     float *partials = (float *)malloc((size_t)(chunks * H * (D + 2) + 1) * sizeof(float));
     if (!partials) {
         free(first);
         return -1;
     }
 #pragma omp parallel
-    tern_paged_attention_work(q, k_cache, v_cache, half, block_tables, width, context_lens, B, H, KVH, D, block_size,
-                              scale, first, partials, out);
+    tern_paged_attention_work(q, k_cache, v_cache, half, block_tables, width, context_lens, window, B, H, KVH, D,
+                              block_size, scale, first, partials, out);
     free(partials);
     free(first);
     return 0;

@@ -133,7 +133,7 @@ def library() -> ctypes.CDLL | None:
     lib.tern_quantize_rows.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows.restype = None
     # q, k_cache, v_cache, half, block_tables, width, context_lens, B, H, KVH, D, block_size, scale, out
-    lib.tern_paged_decode_attention.argtypes = [ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr]
+    lib.tern_paged_decode_attention.argtypes = [ptr, ptr, ptr, ctypes.c_int, ptr, i64, ptr, i64]
     lib.tern_paged_decode_attention.argtypes += [i64, i64, i64, i64, i64, f32, ptr]
     lib.tern_rms_norm.argtypes = [ptr, ptr, i64, i64, f32, ptr]
     lib.tern_rms_norm.restype = None

@@ -102,16 +102,16 @@ void tern_quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *qs, flo
  * decode stack of layer_kernels.c. */
 void tern_tq2_tiles(const TernInt8Rows *q, int64_t M, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out);
-int64_t tern_attention_chunks(const int32_t *context_lens, int64_t B, int64_t *first);
+int64_t tern_attention_chunks(const int32_t *context_lens, int64_t window, int64_t B, int64_t *first);
 void tern_paged_attention_work(const float *q, const void *k_cache, const void *v_cache, int half,
-                               const int32_t *block_tables, int64_t width, const int32_t *context_lens, int64_t B,
-                               int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
-                               const int64_t *first, float *partials, float *out);
+                               const int32_t *block_tables, int64_t width, const int32_t *context_lens,
+                               int64_t window, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                               float scale, const int64_t *first, float *partials, float *out);
 int tern_matmul_kquant(int type, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_paged_decode_attention(const float *q, const void *k_cache, const void *v_cache, int half,
                                 const int32_t *block_tables, int64_t width, const int32_t *context_lens,
-                                int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size, float scale,
-                                float *out);
+                                int64_t window, int64_t B, int64_t H, int64_t KVH, int64_t D, int64_t block_size,
+                                float scale, float *out);
 void tern_rms_norm(const float *x, const float *weight, int64_t M, int64_t K, float eps, float *out);
 void tern_silu_mul(const float *gate, const float *up, int64_t M, int64_t K, int64_t stride, float *out);
 

@@ -212,10 +212,11 @@ def paged_decode_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """One query token per row q [B, H, D] float32 over the first ``context_lens[b]`` keys of its row's
     blocks (``block_tables`` [B, width] int32; caches [blocks, block_size, KVH, D], float32 or
-    float16) -> [B, H, D] float32."""
+    float16) -> [B, H, D] float32; with a ``window``, over the last ``window`` of them only."""
     q = _rows(q)
     if k_cache.dtype not in (torch.float32, torch.float16) or v_cache.dtype != k_cache.dtype:
         raise KernelError("the decode attention kernel takes float32 or float16 caches")
@@ -235,6 +236,7 @@ def paged_decode_attention(
             tables.data_ptr(),
             tables.shape[1],
             lens.data_ptr(),
+            window or 0,
             batch,
             heads,
             kv_heads,
@@ -356,16 +358,24 @@ def paged_decode_attention_ref(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     batch, heads, dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q)
     for b in range(batch):
         length = int(context_lens[b])
+        first = max(0, length - window) if window else 0
         blocks = block_tables[b, : -(-length // block_size)].long()
-        keys = k_cache[blocks].reshape(-1, kv_heads, dim)[:length].repeat_interleave(heads // kv_heads, dim=1)
+        keys = (
+            k_cache[blocks]
+            .reshape(-1, kv_heads, dim)[first:length]
+            .repeat_interleave(heads // kv_heads, dim=1)
+        )
         values = (
-            v_cache[blocks].reshape(-1, kv_heads, dim)[:length].repeat_interleave(heads // kv_heads, dim=1)
+            v_cache[blocks]
+            .reshape(-1, kv_heads, dim)[first:length]
+            .repeat_interleave(heads // kv_heads, dim=1)
         )
         keys, values = keys.float(), values.float()
         weights = (torch.einsum("hd,thd->ht", q[b], keys) * scale).softmax(-1)

@@ -83,7 +83,7 @@ typedef struct {
     const float *attn_sub_norm, *ffn_sub_norm;
     int32_t relu2;
     const float *q_norm, *k_norm; /* Qwen3: [head_dim] each, per head before rotary (NULL: none) */
-    int32_t rotary;               /* 0 on a NoPE layer (SmolLM3) */
+    int32_t rotary;               /* rotary dims, each head's leading (fewer than D: Phi-4-mini); 0: NoPE (SmolLM3) */
 } TernDecoderLayer;
 
 /* One part's kernel: the one place in C that maps a format to its matmul. */
@@ -198,11 +198,11 @@ static int decoder_layer(const TernDecoderLayer *L, float *hidden, int64_t M, in
     tern_rms_norm(hidden, L->input_norm, M, E, L->eps, ws->normed);
     if ((status = linear(&L->qkv, ws->normed, M, ws->qkv))) return status;
     if (L->q_norm) tern_head_norms(ws->qkv, M, qkv_width, H, KVH, D, L->q_norm, L->k_norm, L->eps);
-    if (L->rotary) tern_rotary(ws->qkv, M, qkv_width, H + KVH, D, cos, sin, table_stride); /* q and k side by side */
+    if (L->rotary) tern_rotary(ws->qkv, M, qkv_width, H + KVH, D, L->rotary, cos, sin, table_stride); /* q, k together */
     tern_store_rows(ws->qkv + H * D, M, qkv_width, KVH * D, slots, L->k_cache, L->half);
     tern_store_rows(ws->qkv + (H + KVH) * D, M, qkv_width, KVH * D, slots, L->v_cache, L->half);
     for (int64_t r = 0; r < M; r++) memcpy(ws->q + r * H * D, ws->qkv + r * qkv_width, (size_t)(H * D) * sizeof(float));
-    status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens,
+    status = tern_paged_decode_attention(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, 0,
                                          M, H, KVH, D, L->block_size, L->scale, ws->attended);
     if (status == 0 && L->attn_sub_norm) tern_rms_norm(ws->attended, L->attn_sub_norm, M, H * D, L->eps, ws->attended);
     if (status || (status = linear(&L->o, ws->attended, M, ws->projected))) return status;
@@ -277,13 +277,13 @@ static void ternary_layers(const TernDecoderLayer *layers, int64_t count, float 
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++) {
             float *row = ws->qkv + r * qkv_width;
-            tern_rotary(row, 1, qkv_width, H + KVH, D, cos + r * table_stride, sin + r * table_stride, table_stride);
+            tern_rotary(row, 1, qkv_width, H + KVH, D, D, cos + r * table_stride, sin + r * table_stride, table_stride);
             tern_store_rows(row + H * D, 1, qkv_width, KVH * D, slots + r, L->k_cache, L->half);
             tern_store_rows(row + (H + KVH) * D, 1, qkv_width, KVH * D, slots + r, L->v_cache, L->half);
             memcpy(ws->q + r * H * D, row, (size_t)(H * D) * sizeof(float));
         }
-        tern_paged_attention_work(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, M, H,
-                                  KVH, D, L->block_size, L->scale, first, partials, ws->attended);
+        tern_paged_attention_work(ws->q, L->k_cache, L->v_cache, L->half, block_tables, width, context_lens, 0, M,
+                                  H, KVH, D, L->block_size, L->scale, first, partials, ws->attended);
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < M; r++) {
             float *row = ws->attended + r * H * D;
@@ -330,7 +330,7 @@ static int run_ternary_layers(const TernDecoderLayer *layers, int64_t count, flo
     int64_t *first = malloc((size_t)(M + 1) * sizeof(int64_t));
     float *partials = NULL;
     if (first) {
-        const int64_t chunks = tern_attention_chunks(context_lens, M, first);
+        const int64_t chunks = tern_attention_chunks(context_lens, 0, M, first);
         partials = malloc((size_t)(chunks * L->heads * (L->head_dim + 2) + 1) * sizeof(float));
     }
     const int status = act.qs && act.scale && act.sums && partials ? 0 : -1;

@@ -22,12 +22,14 @@ void tern_head_norms(float *qkv, int64_t M, int64_t stride, int64_t H, int64_t K
 
 /* -- rotary and the KV store ----------------------------------------------------------------- */
 
-/* Rotate `heads` heads of D at the start of each of the M rows of x (rows `stride` apart) in place,
- * rotate-half convention, with the engine's tables: sin's first half negated (engine/layers/rotary.py),
- * cos and sin rows `table_stride` apart. Same arithmetic as torch's x * cos + roll(x, D/2) * sin. */
-void tern_rotary(float *x, int64_t M, int64_t stride, int64_t heads, int64_t D, const float *cos,
+/* Rotate the leading `rot` of each of `heads` heads of D at the start of each of the M rows of x (rows
+ * `stride` apart) in place, rotate-half convention over those `rot` (partial rotary, Phi-4-mini: fewer
+ * than D; the rest of the head is left as it is), with the engine's tables of `rot` columns: sin's first
+ * half negated (engine/layers/rotary.py), cos and sin rows `table_stride` apart. Same arithmetic as
+ * torch's x * cos + roll(x, rot/2) * sin. */
+void tern_rotary(float *x, int64_t M, int64_t stride, int64_t heads, int64_t D, int64_t rot, const float *cos,
                  const float *sin, int64_t table_stride) {
-    const int64_t half = D / 2;
+    const int64_t half = rot / 2;
     for (int64_t r = 0; r < M; r++) {
         const float *c = cos + r * table_stride, *s = sin + r * table_stride;
         for (int64_t h = 0; h < heads; h++) {

@@ -6,10 +6,18 @@ its own also adds its class to ``engine/models/__init__.py``.
 
 from __future__ import annotations
 
-from engine.families import bitnet, llama, qwen2, qwen3, smollm3
+from engine.families import bitnet, gemma3, llama, phi3, qwen2, qwen3, smollm3
 from engine.families.spec import Family
 
-FAMILIES: tuple[Family, ...] = (llama.FAMILY, qwen2.FAMILY, qwen3.FAMILY, smollm3.FAMILY, bitnet.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    llama.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    smollm3.FAMILY,
+    gemma3.FAMILY,
+    phi3.FAMILY,
+    bitnet.FAMILY,
+)
 
 _BY_HF = {name: family for family in FAMILIES for name in family.hf_architectures}
 _BY_GGUF = {family.gguf_architecture: family for family in FAMILIES if family.gguf_architecture}

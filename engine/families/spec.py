@@ -8,7 +8,7 @@ llama.cpp's q/k permutation. Nothing here imports torch: the config is read befo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +21,18 @@ def no_nope_layers(num_layers: int) -> tuple[int, ...]:
 def no_hf_nope_layers(config: Mapping[str, Any]) -> tuple[int, ...]:
     del config
     return ()
+
+
+def no_extras(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    del config
+    return {}
+
+
+def no_gguf_extras(
+    key: Callable[[str, Any], Any], num_layers: int, tensors: Mapping[str, Sequence[float]]
+) -> Mapping[str, Any]:
+    del key, num_layers, tensors
+    return {}
 
 
 @dataclass(frozen=True)
@@ -49,7 +61,19 @@ class Family:
     hidden_acts: tuple[str, ...] = ("silu",)
     """MLP activations the engine implements for this family."""
     gguf_layer_tensors: Mapping[str, str] = field(default_factory=dict)
-    """Per-layer GGUF tensors beyond Llama's (``attn_q_norm`` -> ``self_attn.q_norm``)."""
+    """Per-layer GGUF tensors beyond Llama's (``attn_q_norm`` -> ``self_attn.q_norm``), or in place of
+    them (Gemma 3's ``ffn_norm`` is its pre-feed-forward norm, not Llama's post-attention one)."""
+    hf_norm_offset: float = 0.0
+    """Added to every ``*norm.weight`` of a Hugging Face checkpoint as it is read: Gemma's RMSNorm
+    scales by ``1 + w``; the model holds ``1 + w`` as llama.cpp's converter writes it into a GGUF, so
+    one plain RMSNorm (and the C kernels' norms) serve both."""
+    hf_extras: Callable[[Mapping[str, Any]], Mapping[str, Any]] = no_extras
+    """``ModelConfig`` fields beyond Llama's, from ``config.json`` (sliding window, rope variants)."""
+    gguf_extras: Callable[
+        [Callable[[str, Any], Any], int, Mapping[str, Sequence[float]]], Mapping[str, Any]
+    ] = no_gguf_extras
+    """The same from a GGUF header: ``(key(name, default), num_layers, config tensors)`` -> fields;
+    ``key`` reads ``<arch>.<name>``, the tensors are the file's ``CONFIG_TENSORS`` by name."""
     model: str = "llama"
     """The model code that computes it (``engine/models/__init__.py``, ``MODEL_CLASSES``): the Llama
     decoder with the differences above, unless the family has its own layers (BitNet)."""

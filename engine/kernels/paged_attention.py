@@ -25,6 +25,7 @@ def _paged_decode_kernel(
     context_lens_ptr,
     out_ptr,
     scale,
+    window,
     stride_q_seq,
     stride_q_head,
     stride_kv_block,
@@ -58,10 +59,14 @@ def _paged_decode_kernel(
     l_i = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
 
+    # A sliding-window layer (window > 0) reads its last `window` keys only: the blocks before the
+    # window's first are never loaded (they may be freed), and positions before it are masked.
+    first_key = tl.maximum(context_len - window, 0) if window > 0 else 0
     num_blocks = tl.cdiv(context_len, BLOCK_SIZE)
-    for b in range(0, num_blocks):
+    for b in range(first_key // BLOCK_SIZE, num_blocks):
         block = tl.load(block_tables_ptr + seq * stride_table_seq + b).to(tl.int64)
-        n_mask = b * BLOCK_SIZE + offs_n < context_len
+        key_pos = b * BLOCK_SIZE + offs_n
+        n_mask = (key_pos < context_len) & (key_pos >= first_key)
         kv_offsets = (
             block * stride_kv_block
             + offs_n[:, None] * stride_kv_slot
@@ -92,11 +97,13 @@ def paged_attention(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Decode attention: q [B, H, D] over the paged cache [num_blocks, block_size, KVH, D] -> [B, H, D].
 
     ``block_tables`` [B, max_blocks] int32 (padded with -1) and ``context_lens`` [B]
-    give each sequence's blocks and its number of cached tokens (its new token included).
+    give each sequence's blocks and its number of cached tokens (its new token included); with a
+    ``window``, each row attends to its last ``window`` keys only.
     """
     batch, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
@@ -116,6 +123,7 @@ def paged_attention(
         context_lens.to(torch.int32).contiguous(),
         out,
         scale,
+        window or 0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -141,6 +149,7 @@ def paged_attention_ref(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Plain-torch twin of :func:`paged_attention`, one sequence at a time, in float32."""
     batch, num_heads, head_dim = q.shape
@@ -152,6 +161,8 @@ def paged_attention_ref(
         blocks = block_tables[i, : -(-length // block_size)].long()
         keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float()
         values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:length].float()
+        first = max(length - window, 0) if window else 0
+        keys, values = keys[first:], values[first:]
         keys = keys.repeat_interleave(group, dim=1)  # [L, H, D]
         values = values.repeat_interleave(group, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[i].float(), keys) * scale

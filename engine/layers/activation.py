@@ -1,4 +1,4 @@
-"""The gated activation of Llama-family MLPs."""
+"""The gated activations of Llama-family MLPs: SiLU (Llama), tanh GELU (Gemma)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,17 @@ class SiluAndMul(nn.Module):
         if self.c_kernel and gate.dtype == torch.float32:
             return cpu_kernels.silu_mul(gate, up)
         return F.silu(gate) * up
+
+
+class GeluTanhAndMul(nn.Module):
+    """Gemma's GeGLU: tanh-approximated GELU of the gate times up (transformers' ``gelu_pytorch_tanh``)."""
+
+    def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        return F.gelu(gate, approximate="tanh") * up
+
+
+def gated_activation(hidden_act: str) -> nn.Module:
+    """The MLP's gated activation for a config's ``hidden_act``."""
+    if hidden_act == "gelu_pytorch_tanh":
+        return GeluTanhAndMul()
+    return SiluAndMul()

@@ -53,6 +53,9 @@ class Attention(nn.Module):
         self.v_cache = torch.empty(0)
         self.backend: DecodeBackend = backend or TorchDecode()
         """How decode rows read the cache; the loader sets it once (``engine/loader/serving.py``)."""
+        self.window: int | None = None
+        """A sliding-window layer's window: each token attends to the last ``window`` positions, itself
+        included (transformers' and llama.cpp's masks); None: to every earlier position."""
 
     def cache_dtype(self, model_dtype: torch.dtype) -> torch.dtype:
         """The KV cache's dtype for a model computing in ``model_dtype`` (the backend's to say: float16
@@ -61,6 +64,8 @@ class Attention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = get_context()
+        if self.window is not None and ctx.local is not None:
+            ctx = ctx.local  # a sliding-window layer's own pool (its early pages may be freed)
         num_tokens = q.shape[0]
         if ctx.num_seqs == 0:
             out = self._attend_uncached(q, k, v)
@@ -97,7 +102,9 @@ class Attention(nn.Module):
                 # Through the cache, so that a chunk attends to the same (rounded) keys whether or not
                 # an earlier chunk or the prefix cache computed them.
                 assert ctx.block_tables is not None  # a paged step has them
-                keys, values = self._gather_one(ctx.block_tables[i], key_len)
+                keys, values = self._gather_one(
+                    ctx.block_tables[i], key_len, self._first_key(key_len, end - start)
+                )
                 keys, values = keys.to(q.dtype), values.to(q.dtype)
             out[start:end] = self._attend_chunk(q[start:end], keys, values, ctx.cache)
         if decode_rows:
@@ -107,7 +114,7 @@ class Attention(nn.Module):
 
     def _attend_decode(self, q: torch.Tensor, ctx: Context, rows: list[int] | None) -> torch.Tensor:
         """One new token per sequence; ``rows`` picks the sequences (None: all of them)."""
-        return self.backend(q, self.k_cache, self.v_cache, ctx, rows, self.scale)
+        return self.backend(q, self.k_cache, self.v_cache, ctx, rows, self.scale, self.window)
 
     def _attend_chunk(
         self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, step_cache: dict[Hashable, object]
@@ -117,10 +124,10 @@ class Attention(nn.Module):
         if q.dtype == torch.bfloat16:
             return self._attend_tiles(q, keys, values, step_cache)
         n, num_keys, group = q.shape[0], keys.shape[1], self.num_heads // self.num_kv_heads
-        key = ("causal", n, num_keys, group)
+        key = ("causal", n, num_keys, group, self.window)
         mask = step_cache.get(key)
         if mask is None:
-            mask = step_cache[key] = _group_causal_mask(n, num_keys, group, q.device)
+            mask = step_cache[key] = _group_causal_mask(n, num_keys, group, q.device, window=self.window)
         return self._sdpa_one(q, keys, values, mask)  # type: ignore[arg-type]
 
     def _attend_tiles(
@@ -150,10 +157,10 @@ class Attention(nn.Module):
             queries = q[start - first : stop - first].float().reshape(rows, kv_heads, group, dim)
             queries = queries.permute(1, 2, 0, 3).reshape(kv_heads, group * rows, dim)
             scores = torch.matmul(queries, keys32[:, :tile_end].transpose(-1, -2)).mul_(self.scale)
-            key = ("tile", start, stop, group)
+            key = ("tile", start, stop, group, self.window)
             mask = step_cache.get(key)
             if mask is None:
-                mask = _group_causal_mask(rows, tile_end, group, q.device, query_end=stop)
+                mask = _group_causal_mask(rows, tile_end, group, q.device, query_end=stop, window=self.window)
                 step_cache[key] = mask
             scores.masked_fill_(~mask, float("-inf"))  # type: ignore[operator]
             tile = torch.matmul(scores.softmax(-1), values32[:, :tile_end])
@@ -162,13 +169,25 @@ class Attention(nn.Module):
             start = stop
         return out
 
-    def _gather_one(self, block_table: torch.Tensor, key_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's first ``key_len`` cached K/V as [KVH, key_len, D]."""
+    def _first_key(self, key_len: int, num_queries: int) -> int:
+        """The first cached position a chunk of ``num_queries`` ending at ``key_len`` may attend to,
+        rounded down to its block: 0 for a full-attention layer."""
+        if self.window is None:
+            return 0
         block_size = self.k_cache.shape[1]
-        blocks = block_table[: -(-key_len // block_size)].long()
+        return max(0, key_len - num_queries - self.window + 1) // block_size * block_size
+
+    def _gather_one(
+        self, block_table: torch.Tensor, key_len: int, first: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's cached K/V of positions ``first`` (a block's start) to ``key_len`` as
+        [KVH, key_len - first, D]. The causal and window masks are the same relative to ``first``, so
+        a sliding-window layer reads only the blocks its window reaches (the ones before may be freed)."""
+        block_size = self.k_cache.shape[1]
+        blocks = block_table[first // block_size : -(-key_len // block_size)].long()
         shape = (-1, self.num_kv_heads, self.head_dim)
-        keys = self.k_cache[blocks].reshape(shape)[:key_len].transpose(0, 1)
-        values = self.v_cache[blocks].reshape(shape)[:key_len].transpose(0, 1)
+        keys = self.k_cache[blocks].reshape(shape)[: key_len - first].transpose(0, 1)
+        values = self.v_cache[blocks].reshape(shape)[: key_len - first].transpose(0, 1)
         return keys, values
 
     def _sdpa_one(
@@ -209,13 +228,22 @@ def _row_ranges(query_lens: list[int]) -> list[tuple[int, int]]:
 
 
 def _group_causal_mask(
-    num_queries: int, num_keys: int, group: int, device: torch.device, query_end: int | None = None
+    num_queries: int,
+    num_keys: int,
+    group: int,
+    device: torch.device,
+    query_end: int | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """[G * n, L] bool: query j sits at position ``query_end - n + j`` (``query_end`` defaults to L)
-    and sees keys up to it; repeated for the ``group`` query heads folded into the query axis."""
+    and sees keys up to it (the last ``window`` of them, with one); repeated for the ``group`` query
+    heads folded into the query axis."""
     offset = (num_keys if query_end is None else query_end) - num_queries
     query_pos = torch.arange(num_queries, device=device)[:, None] + offset
-    mask = torch.arange(num_keys, device=device)[None, :] <= query_pos
+    key_pos = torch.arange(num_keys, device=device)[None, :]
+    mask = key_pos <= query_pos
+    if window is not None:
+        mask &= key_pos > query_pos - window
     return mask.expand(group, num_queries, num_keys).reshape(group * num_queries, num_keys)
 
 

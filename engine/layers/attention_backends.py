@@ -45,8 +45,10 @@ class DecodeBackend(Protocol):
         ctx: Context,
         rows: list[int] | None,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
-        """Decode rows q [B, H, D] of the step's sequences ``rows`` (None: all of them) -> [B, H, D]."""
+        """Decode rows q [B, H, D] of the step's sequences ``rows`` (None: all of them) -> [B, H, D];
+        with a ``window``, each row attends to its last ``window`` keys only."""
         ...
 
 
@@ -79,11 +81,12 @@ class TritonDecode:
         ctx: Context,
         rows: list[int] | None,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         from engine.kernels.paged_attention import paged_attention  # Triton: imported only where used
 
         tables, lens = _tables_and_lens(ctx, rows, q.device)
-        return paged_attention(q, k_cache, v_cache, tables, lens, scale)
+        return paged_attention(q, k_cache, v_cache, tables, lens, scale, window)
 
 
 class CDecode:
@@ -103,11 +106,12 @@ class CDecode:
         ctx: Context,
         rows: list[int] | None,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         tables, lens = _tables_and_lens(ctx, rows, q.device)
-        return cpu_kernels.paged_decode_attention(q.float(), k_cache, v_cache, tables, lens, scale).to(
-            q.dtype
-        )
+        return cpu_kernels.paged_decode_attention(
+            q.float(), k_cache, v_cache, tables, lens, scale, window
+        ).to(q.dtype)
 
 
 class TorchDecode:
@@ -127,12 +131,13 @@ class TorchDecode:
         ctx: Context,
         rows: list[int] | None,
         scale: float,
+        window: int | None = None,
     ) -> torch.Tensor:
         # The groups, gather indexes and masks are the same for every layer; build them once per step.
-        key = ("decode", None if rows is None else tuple(rows))
+        key = ("decode", None if rows is None else tuple(rows), window)
         groups = ctx.cache.get(key)
         if groups is None:
-            groups = ctx.cache[key] = _decode_groups(ctx, rows, k_cache.shape[1], q.device)
+            groups = ctx.cache[key] = _decode_groups(ctx, rows, k_cache.shape[1], q.device, window)
         kv_heads, dim = k_cache.shape[2], k_cache.shape[3]
         heads = q.shape[1]
         queries = q.reshape(q.shape[0], kv_heads, heads // kv_heads, dim).to(k_cache.dtype)
@@ -148,7 +153,7 @@ class TorchDecode:
 
 
 def _decode_groups(
-    ctx: Context, rows: list[int] | None, block_size: int, device: torch.device
+    ctx: Context, rows: list[int] | None, block_size: int, device: torch.device, window: int | None = None
 ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Decode rows grouped by their key count rounded up to ``DECODE_KEY_BUCKET``: for each group the
     rows ([b] int64), the flat block list to gather ([b * nb] int64) and the padding mask
@@ -170,7 +175,10 @@ def _decode_groups(
         num_blocks = padded // block_size
         table = tables[index, :num_blocks].clamp(min=0).long()
         table = F.pad(table, (0, num_blocks - table.shape[1]))  # blocks past the table: block 0, masked
-        key_pos = torch.arange(padded, device=device)
-        mask = key_pos[None, :] < torch.tensor([lens[i] for i in members], device=device)[:, None]
+        key_pos = torch.arange(padded, device=device)[None, :]
+        ends = torch.tensor([lens[i] for i in members], device=device)[:, None]
+        mask = key_pos < ends
+        if window is not None:
+            mask &= key_pos >= ends - window
         groups.append((index, table.reshape(-1), mask[:, None, None, :]))
     return groups

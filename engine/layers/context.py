@@ -36,6 +36,13 @@ class Context:
     """``context_lens`` as Python ints."""
     cache: dict[Hashable, object] = field(default_factory=dict)
     """Per-step scratch shared by all layers (e.g. masks built once, used by every layer)."""
+    rope_reach_host: list[int] = field(default_factory=list)
+    """Per sequence, the furthest it reaches in the forward transformers would compute its tokens in:
+    its whole prompt while prefilling, else its context (LongRoPE's short/long choice); empty: the
+    context lengths."""
+    local: Context | None = None
+    """The sliding-window layers' view of the step: the same rows over their own pool's block tables
+    and slots (engine/cache/block_manager.py); None: they share the main pool's."""
 
     @property
     def num_seqs(self) -> int:
@@ -67,8 +74,12 @@ def make_context(
     block_tables: list[list[int]] | None,
     slot_mapping: list[int] | None,
     device: torch.device | str = "cpu",
+    local_block_tables: list[list[int]] | None = None,
+    local_slot_mapping: list[int] | None = None,
+    rope_reach: list[int] | None = None,
 ) -> Context:
-    """Build a :class:`Context` from host lists (shared by the model runner and tests)."""
+    """Build a :class:`Context` from host lists (shared by the model runner and tests); with
+    ``local_block_tables`` and ``local_slot_mapping``, its ``local`` view for sliding-window layers."""
     device = torch.device(device)
     tables = None
     if block_tables is not None:
@@ -76,7 +87,17 @@ def make_context(
         padded = [t + [-1] * (width - len(t)) for t in block_tables]
         tables = torch.tensor(padded, dtype=torch.int32).reshape(len(padded), width).to(device)
     slots = None if slot_mapping is None else torch.tensor(slot_mapping, dtype=torch.int64, device=device)
+    local = None
+    if local_block_tables is not None:
+        local = make_context(
+            query_lens=query_lens,
+            context_lens=context_lens,
+            block_tables=local_block_tables,
+            slot_mapping=local_slot_mapping,
+            device=device,
+        )
     return Context(
+        local=local,
         is_prefill=any(n > 1 for n in query_lens),
         slot_mapping=slots,
         query_lens=torch.tensor(query_lens, dtype=torch.int32, device=device),
@@ -84,4 +105,5 @@ def make_context(
         block_tables=tables,
         query_lens_host=list(query_lens),
         context_lens_host=list(context_lens),
+        rope_reach_host=list(rope_reach or ()),
     )

@@ -1,5 +1,6 @@
-"""Rotary position embeddings in Hugging Face's rotate-half layout, with linear, llama3 and YaRN
-scaling, and a GGUF's per-pair ``rope_freqs`` divisors (llama.cpp's form of llama3 scaling).
+"""Rotary position embeddings in Hugging Face's rotate-half layout, with linear, llama3, YaRN and
+LongRoPE scaling, a GGUF's per-pair ``rope_freqs`` divisors (llama.cpp's form of llama3 scaling), and
+partial rotary (a table narrower than the head turns its leading dims).
 
 The cos/sin table is built lazily on the device of the first positions it sees, so the module has
 no buffers: a model created on the meta device and filled by the loader needs no re-initialisation.
@@ -12,6 +13,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from engine.layers.context import get_context
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -26,12 +29,16 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         return _llama3_inv_freq(inv_freq, scaling)
     if rope_type == "yarn":
         return _yarn_inv_freq(head_dim, theta, scaling)
+    if rope_type == "longrope":
+        return _longrope_inv_freq(head_dim, theta, scaling, long=False)
     raise ValueError(f"unsupported rope scaling {rope_type!r}")
 
 
 def rope_attention_factor(scaling: dict[str, Any] | None) -> float:
     """What cos and sin are multiplied by: YaRN's attention factor (transformers' default
-    ``0.1 ln(factor) + 1``), else 1."""
+    ``0.1 ln(factor) + 1``), LongRoPE's (filled in by its family), else 1."""
+    if (scaling or {}).get("rope_type") == "longrope":
+        return float(scaling["attention_factor"])  # type: ignore[index]
     if (scaling or {}).get("rope_type") != "yarn":
         return 1.0
     assert scaling is not None
@@ -69,6 +76,28 @@ def _yarn_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any]) -> torc
     return (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
 
 
+def _longrope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any], long: bool) -> torch.Tensor:
+    """LongRoPE (Phi-3) as transformers computes it: each pair's frequency divided by its factor."""
+    factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
+    return 1.0 / (factors * theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def longrope_rows(positions: torch.Tensor, original: int) -> torch.Tensor:
+    """[T] bool: which tokens take LongRoPE's long factors. transformers picks them per forward, by its
+    largest position: a whole prompt, then one token at a time. Here per sequence of the step, by how
+    far that forward reaches (``Context.rope_reach_host``: the prompt's end while it is prefilled, in
+    however many chunks, else the context) past ``original``. Without a context the batch is one
+    sequence."""
+    ctx = get_context()
+    if ctx.num_seqs == 0:
+        return torch.full_like(positions, int(positions.max()) + 1 > original, dtype=torch.bool)
+    flags = [n > original for n in (ctx.rope_reach_host or ctx.context_lens_host)]
+    if not any(flags):
+        return torch.zeros_like(positions, dtype=torch.bool)
+    rows = [flag for flag, n in zip(flags, ctx.query_lens_host, strict=True) for _ in range(n)]
+    return torch.tensor(rows, device=positions.device)
+
+
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
     """Llama 3.1's scheme: long wavelengths are slowed by `factor`, short ones kept, the middle blended."""
     factor = scaling["factor"]
@@ -102,30 +131,51 @@ class RotaryEmbedding(nn.Module):
         self.freq_factors = freq_factors
         """A GGUF's ``rope_freqs``: each pair's inverse frequency divided by its factor (llama.cpp)."""
         self._cos_sin: torch.Tensor | None = None  # [max_positions, 2, head_dim] float32
+        self._long_cos_sin: torch.Tensor | None = None  # LongRoPE's long factors' table
+        self.longrope_original = (
+            int(scaling["original_max_position_embeddings"])
+            if (scaling or {}).get("rope_type") == "longrope" and scaling is not None
+            else None
+        )
+        """LongRoPE's original context: sequences past it take the long factors (None: no LongRoPE)."""
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The (cos, sin) pair :func:`apply_rotary` takes for the given positions [T]: each [T, 1, head_dim].
 
         ``sin`` has its first half negated, which folds rotate-half's sign into the table.
         """
-        table = self._table(positions.device)
-        cos_sin = table[positions]
+        cos_sin = self._table(positions.device)[positions]
+        if self.longrope_original is not None:
+            long = longrope_rows(positions, self.longrope_original)
+            if bool(long.any()):
+                cos_sin = torch.where(
+                    long[:, None, None], self._table(positions.device, True)[positions], cos_sin
+                )
         return cos_sin[:, 0, None].to(dtype), cos_sin[:, 1, None].to(dtype)
 
-    def _table(self, device: torch.device) -> torch.Tensor:
+    def _table(self, device: torch.device, long: bool = False) -> torch.Tensor:
+        if long:
+            if self._long_cos_sin is None or self._long_cos_sin.device != device:
+                assert self.scaling is not None
+                inv_freq = _longrope_inv_freq(self.head_dim, self.theta, self.scaling, long=True)
+                self._long_cos_sin = self._cos_sin_table(inv_freq).to(device)
+            return self._long_cos_sin
         if self._cos_sin is None or self._cos_sin.device != device:
             inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
             if self.freq_factors is not None:
                 inv_freq = inv_freq / torch.tensor(self.freq_factors, dtype=torch.float32)
-            t = torch.arange(self.max_positions, dtype=torch.float32)
-            freqs = t[:, None] * inv_freq[None, :]
-            emb = torch.cat((freqs, freqs), dim=-1)
-            # YaRN scales both (transformers' attention_scaling); a factor of 1 changes nothing.
-            factor = rope_attention_factor(self.scaling)
-            cos, sin = emb.cos() * factor, emb.sin() * factor
-            sin[:, : self.head_dim // 2] *= -1
-            self._cos_sin = torch.stack((cos, sin), dim=1).to(device)
+            self._cos_sin = self._cos_sin_table(inv_freq).to(device)
         return self._cos_sin
+
+    def _cos_sin_table(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        t = torch.arange(self.max_positions, dtype=torch.float32)
+        freqs = t[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        # YaRN and LongRoPE scale both (transformers' attention_scaling); a factor of 1 changes nothing.
+        factor = rope_attention_factor(self.scaling)
+        cos, sin = emb.cos() * factor, emb.sin() * factor
+        sin[:, : self.head_dim // 2] *= -1
+        return torch.stack((cos, sin), dim=1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -133,5 +183,9 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
     rotate_half(x) * sin == roll(x, half) * sin with sin's first half negated (exactly: only signs
     move), so this is transformers' ``x * cos + rotate_half(x) * sin`` in four ops instead of six.
+    A table narrower than the head (partial rotary, Phi-3) turns the head's leading dims only.
     """
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin
+    dim = cos.shape[-1]
+    if dim < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :dim], cos, sin), x[..., dim:]), dim=-1)
+    return x * cos + x.roll(dim // 2, -1) * sin

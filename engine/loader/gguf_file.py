@@ -27,7 +27,7 @@ import torch
 from engine.families import FAMILIES
 from engine.loader.gguf_reader import GgufFile, GgufTensor
 from engine.loader.plan import Form, PlannedTensor, TensorHeader, TensorPlan
-from engine.model_config import ROPE_FREQS_TENSOR
+from engine.model_config import CONFIG_TENSORS, ROPE_FREQS_TENSOR
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -44,7 +44,11 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
-} | {part: module for family in FAMILIES for part, module in family.gguf_layer_tensors.items()}
+}
+# Each family's names: Llama's, with its own added or in their place (Gemma 3's ffn_norm).
+_FAMILY_LAYER_NAMES = {
+    family.gguf_architecture: _LAYER_NAMES | dict(family.gguf_layer_tensors) for family in FAMILIES
+}
 _LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
@@ -78,15 +82,26 @@ def rope_freq_factors(reader: GgufFile) -> list[float] | None:
     return None
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
+def config_tensors(reader: GgufFile) -> dict[str, list[float]]:
+    """The file's ``CONFIG_TENSORS`` (Phi-3's LongRoPE factors) as lists, by name: configuration,
+    which the load plan skips (``Form.CONFIG``)."""
+    return {
+        t.name: [float(v) for v in dequantize(t).reshape(-1)]
+        for t in reader.tensors
+        if t.name in CONFIG_TENSORS
+    }
+
+
+def hf_tensor_name(gguf_name: str, architecture: str = "llama") -> str:
+    """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight` (in ``architecture``'s names)."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = _FAMILY_LAYER_NAMES.get(architecture, _LAYER_NAMES)
     match = _LAYER_TENSOR.fullmatch(gguf_name)
-    if match is None or match.group(2) not in _LAYER_NAMES:
+    if match is None or match.group(2) not in names:
         raise ValueError(f"unexpected tensor {gguf_name!r} in GGUF file")
     layer, part, kind = match.groups()
-    return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
+    return f"model.layers.{layer}.{names[part]}.{kind}"
 
 
 def unpermute_rope_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -109,12 +124,12 @@ def dequantize(tensor: GgufTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def headers(reader: GgufFile) -> list[TensorHeader]:
+def headers(reader: GgufFile, architecture: str) -> list[TensorHeader]:
     """What the load plan reads of each tensor (``engine/loader/plan.py``): never its data."""
     return [
         TensorHeader(
             t.name,
-            t.name if t.name == ROPE_FREQS_TENSOR else hf_tensor_name(t.name),
+            t.name if t.name in CONFIG_TENSORS else hf_tensor_name(t.name, architecture),
             t.tensor_type,
             int(t.shape[0]),
         )
@@ -134,7 +149,7 @@ def iter_tensors(reader: GgufFile, plans: Mapping[str, TensorPlan]) -> Iterator[
     for tensor in reader.tensors:
         plan = plans[tensor.name]
         if plan.form is Form.CONFIG:
-            continue  # read into the config (rope_freq_factors)
+            continue  # read into the config (rope_freq_factors, config_tensors)
         kept = plan.form is Form.GGML_BLOCKS
         if kept or plan.form is Form.Q4_KERNEL:
             values = np.asarray(tensor.data)  # rows of blocks; permuting rows moves whole blocks

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from engine.cpu import kernels as cpu_kernels
+from engine.families import family_for_hf
 from engine.layers.attention import set_decode_backend
 from engine.layers.attention_backends import TritonDecode
 from engine.layers.quant.checkpoint import (
@@ -168,13 +169,20 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep: iter(float_tensors(safetensors_files.iter_tensors(files))),
+            tensors=lambda keep: iter(
+                float_tensors(
+                    safetensors_files.iter_tensors(files, family_for_hf(config.architecture).hf_norm_offset)
+                )
+            ),
         )
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
         metadata = gguf_file.read_metadata(reader)
         config = ModelConfig.from_gguf_metadata(
-            metadata, {t.name for t in reader.tensors}, gguf_file.rope_freq_factors(reader)
+            metadata,
+            {t.name for t in reader.tensors},
+            gguf_file.rope_freq_factors(reader),
+            gguf_file.config_tensors(reader),
         )
         architecture = metadata["general.architecture"]
         return _Checkpoint(
@@ -186,7 +194,7 @@ def _open(path: str | Path | None) -> _Checkpoint:
             tensors=lambda keep: gguf_file.iter_tensors(
                 reader,
                 gguf_plan(
-                    gguf_file.headers(reader),
+                    gguf_file.headers(reader, architecture),
                     architecture,
                     config.num_attention_heads,
                     config.num_key_value_heads,

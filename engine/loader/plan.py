@@ -20,7 +20,7 @@ import torch
 from engine.cpu import ggml_kernels
 from engine.cpu.ggml_kernels import GGMLType
 from engine.families import family_for_gguf
-from engine.model_config import ROPE_FREQS_TENSOR
+from engine.model_config import CONFIG_TENSORS
 
 EMBEDDING = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
@@ -142,7 +142,7 @@ def gguf_plan(
 
 
 def _form(header: TensorHeader, tied: bool, keep: KeepPolicy) -> Form:
-    if header.gguf_name == ROPE_FREQS_TENSOR:
+    if header.gguf_name in CONFIG_TENSORS:  # rope_freqs, LongRoPE's factors: read into the config
         return Form.CONFIG
     if keep.blocks and _runs_own_blocks(header, tied):
         return Form.GGML_BLOCKS

@@ -36,9 +36,13 @@ def count_tensors(files: list[Path]) -> int:
     return total
 
 
-def iter_tensors(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) for every tensor, one at a time so peak memory stays near one tensor."""
+def iter_tensors(files: list[Path], norm_offset: float = 0.0) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor, one at a time so peak memory stays near one tensor;
+    ``norm_offset`` added to every ``*norm.weight`` (Gemma's ``1 + w``: ``Family.hf_norm_offset``)."""
     for file in files:
         with safe_open(file, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                tensor = f.get_tensor(name)
+                if norm_offset and name.endswith("norm.weight"):
+                    tensor = tensor.float() + norm_offset
+                yield name, tensor

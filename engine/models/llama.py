@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.layers.activation import SiluAndMul
+from engine.layers.activation import gated_activation
 from engine.layers.attention import Attention
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary
@@ -41,9 +41,12 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(q_size, hidden, bias=config.attention_out_bias)
         self.qkv_proj: nn.Module | None = None
         """q, k and v stacked into one linear by :meth:`fuse_projections` (then the three are gone)."""
-        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, scale=self.head_dim**-0.5)
+        scale = config.attention_scale or self.head_dim**-0.5
+        self.attn = Attention(self.num_heads, self.head_dim, self.num_kv_heads, scale=scale)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.rotary_dim = config.rotary_dim or self.head_dim
+        """The leading dims of each head that rotary turns (fewer than head_dim: partial rotary, Phi-3)."""
         self.rotary = True
         """False on a NoPE layer (set by :class:`LlamaModel` from ``ModelConfig.nope_layers``)."""
 
@@ -88,7 +91,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = nn.Linear(inner, hidden, bias=bias)
         self.gate_up_proj: nn.Module | None = None
         """gate and up stacked into one linear by :meth:`fuse_projections` (then the two are gone)."""
-        self.act = SiluAndMul()
+        self.act = gated_activation(config.hidden_act)
 
     def fuse_projections(self) -> bool:
         if self.gate_up_proj is None:
@@ -145,12 +148,23 @@ class LlamaModel(nn.Module):
             attention = self.layers[index].get_submodule("self_attn")
             assert isinstance(attention, LlamaAttention)
             attention.rotary = False
+        for index in config.sliding_layers:
+            attention = self.layers[index].get_submodule("self_attn")
+            assert isinstance(attention, LlamaAttention)
+            attention.attn.window = config.sliding_window
+        self.embedding_scale = config.embedding_scale
+        rotary_dim = config.rotary_dim or config.head_dim
         self.rotary_emb = RotaryEmbedding(
-            config.head_dim,
+            rotary_dim,
             config.max_position_embeddings,
             config.rope_theta,
             config.rope_scaling,
             config.rope_freq_factors,
+        )
+        self.local_layers = frozenset(config.sliding_layers if config.rope_local_theta is not None else ())
+        """Layers that take ``local_rotary_emb`` (Gemma 3's sliding layers: their own base, no scaling)."""
+        self.local_rotary_emb = RotaryEmbedding(
+            rotary_dim, config.max_position_embeddings, config.rope_local_theta or config.rope_theta, None
         )
         self.decode_kernel: DecodeKernel | None = None
         """Set on the float32 CPU fast path: every layer in one C call for a step of decode rows only
@@ -159,6 +173,9 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         dtype = hidden.dtype
+        if self.embedding_scale != 1.0:
+            # As transformers: the scale rounded to the model's dtype first.
+            hidden = hidden * torch.tensor(self.embedding_scale, dtype=dtype)
         cos, sin = self.rotary_emb(positions, dtype)
         if dtype == torch.bfloat16:
             # The residual stream in float32: 30 layers of bf16 additions lose enough to flip near-tied
@@ -166,8 +183,9 @@ class LlamaModel(nn.Module):
             hidden = hidden.float()
         if self.decode_kernel is not None and (out := self.decode_kernel(hidden, cos, sin)) is not None:
             return self.norm(out)
-        for layer in self.layers:
-            hidden = layer(hidden, cos, sin)
+        local = self.local_rotary_emb(positions, dtype) if self.local_layers else (cos, sin)
+        for index, layer in enumerate(self.layers):
+            hidden = layer(hidden, *(local if index in self.local_layers else (cos, sin)))
         return self.norm(hidden)
 
 
@@ -197,5 +215,7 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [N, hidden_size] -> float32 logits [N, vocab_size]."""
-        return self.lm_head(hidden).float()
+        """hidden [N, hidden_size] -> float32 logits [N, vocab_size] (soft-capped where the config says)."""
+        logits = self.lm_head(hidden).float()
+        cap = self.config.final_logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap

@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import KERNEL_TYPES, TILED_FORMATS
+from engine.layers.activation import SiluAndMul
 from engine.layers.attention_backends import CDecode
 from engine.layers.context import get_context
 from engine.layers.ggml_linear import StackedLinear
@@ -29,6 +30,7 @@ from engine.layers.linear_protocol import Linear
 from engine.layers.ternary_linear import TernaryCpuLinear
 from engine.models.bitnet import BitNetAttention, BitNetDecoderLayer, BitNetMLP
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
+from engine.models.phi3 import Phi3Attention, Phi3DecoderLayer, Phi3MLP
 
 # format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
 _FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {
@@ -76,7 +78,7 @@ class _Layer(ctypes.Structure):
         ("relu2", ctypes.c_int32),
         ("q_norm", ctypes.c_void_p),  # Qwen3 only, else NULL
         ("k_norm", ctypes.c_void_p),
-        ("rotary", ctypes.c_int32),  # 0 on a NoPE layer (SmolLM3)
+        ("rotary", ctypes.c_int32),  # rotary dims (Phi-4-mini: 3/4 of the head); 0 on a NoPE layer (SmolLM3)
     ]
 
 
@@ -131,6 +133,7 @@ def _linear(module: nn.Module | None, keep: list[_Linear]) -> _Linear:
 _LAYER_TYPES = {
     LlamaDecoderLayer: (LlamaAttention, LlamaMLP),
     BitNetDecoderLayer: (BitNetAttention, BitNetMLP),
+    Phi3DecoderLayer: (Phi3Attention, Phi3MLP),  # Llama's layer with its projections fused as stored
 }
 
 
@@ -145,6 +148,8 @@ def supports(layer: nn.Module) -> bool:
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
             return False
+    if attention.attn.window is not None:
+        return False  # the one-call C layers take no window yet (Gemma 3 declines anyway: its layers)
     head_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
     if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in head_norms):
         return False  # the struct holds one eps, and the C path calls the C norm
@@ -155,6 +160,7 @@ def supports(layer: nn.Module) -> bool:
         and _on_c_kernel(mlp.gate_up_proj)
         and _on_c_kernel(mlp.down_proj)
         and isinstance(attention.attn.backend, CDecode)
+        and isinstance(mlp.act, SiluAndMul)  # the C layer computes SiLU's gate, not GeGLU's
         and mlp.act.c_kernel
         and layer.input_layernorm.c_kernel
         and layer.post_attention_layernorm.c_kernel
@@ -186,7 +192,7 @@ def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
         k_cache.shape[1],
         *_bitnet_fields(layer),
         *_head_norms(attention),
-        int(attention.rotary),
+        attention.rotary_dim if attention.rotary else 0,
     )
 
 
@@ -250,7 +256,12 @@ def attach_decoder_kernels(model: nn.Module) -> bool:
     :class:`DecoderLayersKernel`. Returns whether one was attached."""
     attached = False
     for module in model.modules():
-        if isinstance(module, LlamaModel) and len(module.layers) and all(map(supports, module.layers)):
+        if (
+            isinstance(module, LlamaModel)
+            and len(module.layers)
+            and not module.local_layers  # the C call takes one rotary table
+            and all(map(supports, module.layers))
+        ):
             module.decode_kernel = DecoderLayersKernel(module.layers)  # type: ignore[arg-type]
             attached = True
     return attached

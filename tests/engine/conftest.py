@@ -33,6 +33,18 @@ TINY_COMMON: dict[str, Any] = {
     "bos_token_id": 1,
     "eos_token_id": 2,
 }
+GEMMA3_FIELDS: dict[str, Any] = {
+    "num_hidden_layers": 6,
+    "head_dim": 16,
+    "query_pre_attn_scalar": 16,
+    "sliding_window": 6,
+    "final_logit_softcapping": 30.0,
+    "pad_token_id": None,
+    "rope_parameters": {
+        "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}
 TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # Llama 3.1-style rope scaling; wavelengths fall in all three of its bands at head_dim 16.
     "llama3": (
@@ -71,6 +83,36 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
                 "rope_theta": 10000.0,
                 "factor": 4.0,
                 "original_max_position_embeddings": 128,
+            },
+        },
+    ),
+    # Gemma 3: six layers, 0-4 local (window 6, rope base 1e4), layer 5 global
+    # (1e6), as the default pattern and llama.cpp's have it; logits soft-capped; norms (1 + w).
+    "gemma3": ("Gemma3TextConfig", GEMMA3_FIELDS),
+    # Three layers with their own layer_types, and a query scale that is not head_dim's.
+    "gemma3_layer_types": (
+        "Gemma3TextConfig",
+        {
+            **GEMMA3_FIELDS,
+            "num_hidden_layers": 3,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+            "query_pre_attn_scalar": 24,
+        },
+    ),
+    # Phi-4-mini's shape: fused qkv / gate_up, rotary over 12 of 16 dims, LongRoPE whose long factors
+    # start at position 64 (prompts stay under it, greedy tokens run past it), cos/sin scaled.
+    "phi3": (
+        "Phi3Config",
+        {
+            "max_position_embeddings": 256,
+            "original_max_position_embeddings": 64,
+            "pad_token_id": None,
+            "rope_parameters": {
+                "rope_type": "longrope",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+                "short_factor": [1.0 + 0.1 * i for i in range(6)],
+                "long_factor": [2.0 + 0.5 * i for i in range(6)],
             },
         },
     ),
@@ -162,6 +204,15 @@ def tiny_model_dir(hf_tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFact
     return make
 
 
+def randomize_norms(model: Any) -> None:
+    """Gemma initialises its norms' ``w`` of ``1 + w`` to zero: random ones, so that a norm read
+    without its offset (or with it twice) shows."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(0.0, 0.3)
+
+
 def _save_tiny_model(variant: str, tokenizer_dir: Path, path: Path) -> Path:
     import transformers
 
@@ -170,6 +221,8 @@ def _save_tiny_model(variant: str, tokenizer_dir: Path, path: Path) -> Path:
     config = getattr(transformers, config_class)(vocab_size=vocab_size, **{**TINY_COMMON, **overrides})
     torch.manual_seed(sum(map(ord, variant)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if config_class.startswith("Gemma"):
+        randomize_norms(model)
     shard_size = "200KB" if variant in SHARDED_VARIANTS else "1GB"
     model.save_pretrained(path, max_shard_size=shard_size)
     for item in tokenizer_dir.iterdir():

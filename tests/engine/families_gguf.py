@@ -1,12 +1,16 @@
-"""Llama 3.x, Qwen3 and SmolLM3 as GGUF files, written with the tensor names, permutations and metadata
-that llama.cpp's converter (``convert_hf_to_gguf.py``, ``conversion/llama.py`` and ``qwen.py``) uses:
+"""Llama 3.x, Qwen3, SmolLM3 and Gemma 3 as GGUF files, written with the tensor names, permutations and
+metadata that llama.cpp's converter (``convert_hf_to_gguf.py``, ``conversion/llama.py``, ``qwen.py``
+and ``gemma.py``) uses:
 
 - every family: the Llama keys, ``attention.key_length``/``value_length`` from ``head_dim``;
 - Llama (3.1 rope scaling): q/k rows permuted, and a ``rope_freqs`` tensor of per-pair divisors
   (``LlamaModel.generate_extra_tensors``), no ``rope.scaling`` keys;
 - Qwen3: ``blk.N.attn_q_norm`` / ``attn_k_norm``, q/k as they are (NEOX rope);
 - SmolLM3: Llama's converter (q/k permuted), YaRN as ``rope.scaling.type/factor/original_context_length``
-  (and beta keys when the config has them); its NoPE layers are no key (llama.cpp fixes every 4th).
+  (and beta keys when the config has them); its NoPE layers are no key (llama.cpp fixes every 4th);
+- Gemma 3: every norm written as ``1 + w``, four norms a layer (``post_attention_norm``, ``ffn_norm``
+  before the MLP, ``post_ffw_norm``), ``sliding_window``, ``rope.freq_base_swa``,
+  ``final_logit_softcapping``; no pattern key (llama.cpp's default: every 6th layer global).
 
 Weights come from a random-weight transformers model of the family's config (few layers), in float32
 or quantized by ``gguf.quants`` where it can.
@@ -22,13 +26,29 @@ import gguf
 import numpy as np
 import torch
 
-from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS
+from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS, randomize_norms
 from tests.engine.test_loader_gguf import BYTE_TOKENS, HF_TO_GGUF, add_byte_tokenizer, llama_cpp_permute
 
 Q = gguf.GGMLQuantizationType
 # GGUF architecture -> (the tiny HF variant in conftest, whether llama.cpp permutes its q/k rows).
-FAMILY_VARIANTS = {"llama": ("llama3", True), "qwen3": ("qwen3", False), "smollm3": ("smollm3", True)}
+FAMILY_VARIANTS = {
+    "llama": ("llama3", True),
+    "qwen3": ("qwen3", False),
+    "smollm3": ("smollm3", True),
+    "gemma3": ("gemma3", False),
+    "phi3": ("phi3", False),
+}
 _EXTRA_NAMES = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+# Gemma 3's four norms a layer (``gguf-py``'s tensor map): its pre-MLP norm is GGUF's ffn_norm.
+_GEMMA3_NAMES = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+_FAMILY_NAMES = {
+    "gemma3": _GEMMA3_NAMES,
+    "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"},
+}
 
 
 def tiny_family_model(architecture: str, layers: int | None = None) -> Any:
@@ -40,10 +60,15 @@ def tiny_family_model(architecture: str, layers: int | None = None) -> Any:
     if layers is not None:
         fields["num_hidden_layers"] = layers
     torch.manual_seed(sum(map(ord, architecture)))
-    return transformers.AutoModelForCausalLM.from_config(getattr(transformers, config_class)(**fields)).eval()
+    model = transformers.AutoModelForCausalLM.from_config(
+        getattr(transformers, config_class)(**fields)
+    ).eval()
+    if architecture == "gemma3":
+        randomize_norms(model)
+    return model
 
 
-def gguf_tensor_name(hf_name: str) -> str:
+def gguf_tensor_name(hf_name: str, architecture: str = "llama") -> str:
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -52,7 +77,8 @@ def gguf_tensor_name(hf_name: str) -> str:
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{({**HF_TO_GGUF, **_EXTRA_NAMES})[module]}.{kind}"
+    names = {**HF_TO_GGUF, **_EXTRA_NAMES, **_FAMILY_NAMES.get(architecture, {})}
+    return f"blk.{layer}.{names[module]}.{kind}"
 
 
 def head_dim(config: Any) -> int:
@@ -89,6 +115,22 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: Any) -> None:
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     params = config.rope_parameters
+    if "full_attention" in params:  # Gemma 3 (``Gemma3Model.set_gguf_parameters``)
+        writer.add_rope_freq_base_swa(params["sliding_attention"]["rope_theta"])
+        writer.add_sliding_window(config.sliding_window)
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
+        params = params["full_attention"]
+    rope_dims = head_dim(config)
+    if params.get("rope_type") == "longrope":  # Phi3MiniModel.set_gguf_parameters / generate_extra_tensors
+        rope_dims = (
+            int(params.get("partial_rotary_factor", 1.0) * config.hidden_size) // config.num_attention_heads
+        )
+        original = params["original_max_position_embeddings"]
+        writer.add_rope_scaling_orig_ctx_len(original)
+        writer.add_sliding_window(config.sliding_window or 0)
+        scale = config.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
     if params.get("rope_type") == "yarn":
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(params["factor"])
@@ -103,7 +145,7 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: Any) -> None:
         writer.add_key_length(config.head_dim)
         writer.add_value_length(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_rope_dimension_count(head_dim(config))
+    writer.add_rope_dimension_count(rope_dims)
 
 
 def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q = Q.F32) -> Path:
@@ -118,13 +160,21 @@ def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q 
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # not in the checkpoint: tied
         weights = tensor.numpy()
+        if architecture == "gemma3" and name.endswith("norm.weight"):
+            weights = weights + 1.0  # Gemma3Model.norm_shift: the GGUF holds 1 + w
         if permuted and name.endswith("q_proj.weight"):
             weights = llama_cpp_permute(weights, config.num_attention_heads)
         elif permuted and name.endswith("k_proj.weight"):
             weights = llama_cpp_permute(weights, config.num_key_value_heads)
         qtype = linear_type if weights.ndim == 2 else Q.F32
         data = gguf.quants.quantize(np.ascontiguousarray(weights), qtype)
-        writer.add_tensor(gguf_tensor_name(name), data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+        writer.add_tensor(
+            gguf_tensor_name(name, architecture), data, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype
+        )
+    if config.rope_parameters.get("rope_type") == "longrope":
+        for kind in ("long", "short"):
+            factors = np.array(config.rope_parameters[f"{kind}_factor"], dtype=np.float32)
+            writer.add_tensor(f"rope_factors_{kind}.weight", factors)
     if config.rope_parameters.get("rope_type") == "llama3":
         writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config))
     writer.write_header_to_file()
@@ -150,7 +200,22 @@ RANDOM_VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
     "llama3": ("llama", 64, True, False),
     "qwen3": ("qwen3", 128, False, False),  # head_dim 128 at hidden 256 / 4 heads
     "smollm3": ("smollm3", 64, False, True),  # layer 3 of 4 NoPE
+    "gemma3": ("gemma3", 64, False, False),  # layers 0 and 2 local (window 64), four norms a layer
+    "phi3": ("phi3", 64, False, False),  # Phi-4-mini's rotary over 48 of 64 dims, LongRoPE past 256
 }
+RANDOM_WINDOW = 64
+RANDOM_ROTARY = {"phi3": 48}
+"""Rotary dims where they are fewer than head_dim (Phi-4-mini's partial_rotary_factor 0.75)."""
+
+
+def _add_random_family_keys(writer: gguf.GGUFWriter, architecture: str) -> None:
+    if architecture == "gemma3":  # layers 0 and 2 local: a pattern key, as llama.cpp reads one
+        writer.add_sliding_window(RANDOM_WINDOW)
+        writer.add_uint32("gemma3.attention.sliding_window_pattern", 2)
+        writer.add_rope_freq_base_swa(10000.0)
+        writer.add_final_logit_softcapping(30.0)
+    if architecture == "phi3":  # LongRoPE's long factors for sequences past 256 positions
+        writer.add_rope_scaling_orig_ctx_len(RANDOM_CONTEXT // 4)
 
 
 def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed: int = 0) -> Path:
@@ -172,8 +237,9 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_key_length(dim)
     writer.add_value_length(dim)
-    writer.add_rope_dimension_count(dim)
+    writer.add_rope_dimension_count(RANDOM_ROTARY.get(variant, dim))
     writer.add_vocab_size(len(BYTE_TOKENS))
+    _add_random_family_keys(writer, architecture)
     if yarn:
         writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         writer.add_rope_scaling_factor(4.0)
@@ -189,6 +255,15 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
         "ffn_up": (RANDOM_FFN, RANDOM_HIDDEN),
         "ffn_down": (RANDOM_HIDDEN, RANDOM_FFN),
     }
+    if architecture == "phi3":  # stored fused, typed as their v and up parts
+        fused = {
+            "attn_qkv": ((q_rows + 2 * kv_rows, RANDOM_HIDDEN), "attn_v"),
+            "ffn_up": ((2 * RANDOM_FFN, RANDOM_HIDDEN), "ffn_up"),
+        }
+        for role in ("attn_q", "attn_k", "attn_v", "ffn_gate"):
+            del shapes[role]
+        shapes.update({role: shape for role, (shape, _) in fused.items()})
+        types = {**types, **{role: types[part] for role, (_, part) in fused.items()}}
 
     def add(name: str, ggml_type: Q, rows: int, width: int, scale: float = 1.0) -> None:
         blocks = random_blocks(ggml_type, rows, width, int(generator.integers(1 << 30)), scale)
@@ -196,9 +271,14 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
 
     add("token_embd.weight", Q.Q8_0, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
     for layer in range(RANDOM_LAYERS):
-        for norm in ("attn_norm", "ffn_norm"):
-            writer.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(RANDOM_HIDDEN, dtype=np.float32))
-        if architecture == "qwen3":
+        if architecture == "gemma3":  # four norms a layer, as 1 + w
+            for norm in ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm"):
+                weights = generator.uniform(0.5, 1.5, RANDOM_HIDDEN).astype(np.float32)
+                writer.add_tensor(f"blk.{layer}.{norm}.weight", weights)
+        else:
+            for norm in ("attn_norm", "ffn_norm"):
+                writer.add_tensor(f"blk.{layer}.{norm}.weight", np.ones(RANDOM_HIDDEN, dtype=np.float32))
+        if architecture in ("qwen3", "gemma3"):
             for norm in ("attn_q_norm", "attn_k_norm"):
                 weights = generator.uniform(0.5, 1.5, dim).astype(np.float32)
                 writer.add_tensor(f"blk.{layer}.{norm}.weight", weights)
@@ -208,6 +288,10 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
     add("output.weight", Q.Q6_K, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
     if rope_freqs:
         writer.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, dim // 2, dtype=np.float32))
+    if variant == "phi3":
+        pairs = RANDOM_ROTARY[variant] // 2
+        writer.add_tensor("rope_factors_long.weight", np.linspace(1.0, 16.0, pairs, dtype=np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.linspace(1.0, 1.5, pairs, dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -235,6 +235,24 @@ def test_paged_decode_attention_over_long_rows_matches_reference_whatever_the_ba
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("window", [1, 100, 200, 1000])
+def test_paged_decode_attention_takes_a_sliding_window(window: int) -> None:
+    """Each row attends to its last ``window`` keys (chunks cut at the window's first key, by position
+    as without one); the blocks before the window are never read: here they are freed (-1)."""
+    torch.manual_seed(2)
+    k_cache, v_cache = torch.randn(2, 80, 16, 2, 64).half()
+    tables = torch.randperm(80).to(torch.int32).reshape(2, 40)
+    lens = torch.tensor([640, 129], dtype=torch.int32)
+    q = torch.randn(2, 6, 64)
+    ref = kernels.paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125, window)
+    full = kernels.paged_decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125)
+    assert torch.equal(ref[1], full[1]) == (window >= 129)  # the reference does apply the window
+    for row, length in enumerate(lens.tolist()):
+        tables[row, : max(0, length - window) // 16] = -1
+    out = kernels.paged_decode_attention(q, k_cache, v_cache, tables, lens, 0.125, window)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
 def test_rms_norm_matches_reference() -> None:
     x, weight = torch.randn(5, 576) * 3, torch.randn(576)
     torch.testing.assert_close(

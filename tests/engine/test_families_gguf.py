@@ -1,4 +1,5 @@
-"""Llama 3.x (rope_freqs), Qwen3 (q/k norm, own head_dim) and SmolLM3 (NoPE layers, YaRN) from GGUF
+"""Llama 3.x (rope_freqs), Qwen3 (q/k norm, own head_dim), SmolLM3 (NoPE layers, YaRN) and Gemma 3
+(sandwich norms stored as 1 + w, GeGLU, sliding-window layers with their own rope base) from GGUF
 files as llama.cpp's converter writes them (tests/engine/families_gguf.py), float32, against
 transformers on the same random weights: the paged path's logits, greedy tokens through the engine,
 and the GPU path's decode attention (Triton, interpreted on CPU). Their Hugging Face directories are
@@ -61,6 +62,16 @@ def test_the_gguf_describes_the_family(family_pair: tuple[LoadedModel, Any]) -> 
             "factor": 4.0,
             "original_max_position_embeddings": 128,
         }
+    if config.architecture == "Phi3ForCausalLM":  # LongRoPE's tensors, partial rotary
+        assert config.rotary_dim == 12 and config.rope_scaling is not None
+        assert config.rope_scaling["long_factor"] == tuple(hf.rope_parameters["long_factor"])
+        assert (
+            max(len(p.encode()) for p in PROMPTS) < 64 < max(len(p.encode()) for p in PROMPTS) + GREEDY_TOKENS
+        )
+    if config.architecture == "Gemma3ForCausalLM":  # the window shorter than every prompt; layer 5 global
+        assert (config.sliding_window, config.sliding_layers) == (hf.sliding_window, (0, 1, 2, 3, 4))
+        assert (config.rope_local_theta, config.final_logit_softcap) == (10000.0, 30.0)
+        assert config.sliding_window < min(len(p.encode()) for p in PROMPTS)
 
 
 def test_logits_and_greedy_tokens_equal_transformers(family_pair: tuple[LoadedModel, Any]) -> None:
@@ -93,6 +104,12 @@ def test_the_config_round_trips_through_a_hugging_face_config(family_pair: tuple
     config = family_pair[0].config
     if config.rope_freq_factors is not None:
         with pytest.raises(ValueError, match="rope_freqs"):
+            hf_config_dict(config)
+        return
+    if config.architecture in ("Gemma3ForCausalLM", "Phi3ForCausalLM"):
+        # Their configs (layer types, query scalar, LongRoPE factors) have no writer yet: a clear
+        # refusal, never a config.json that reads back as another model.
+        with pytest.raises(ValueError, match=f"cannot write a Hugging Face config for {config.architecture}"):
             hf_config_dict(config)
         return
     assert ModelConfig.from_hf_dict(hf_config_dict(config)) == config
@@ -152,3 +169,14 @@ def test_a_rope_freqs_tensor_needs_its_values() -> None:
         ModelConfig.from_gguf_metadata(
             _llama3_vocabulary_metadata(), {"token_embd.weight", "rope_freqs.weight"}
         )
+
+
+def test_a_prompt_past_longropes_original_context_in_chunks_gives_transformers_tokens(tmp_path: Path) -> None:
+    """Phi-3: transformers computes a prompt in one forward, on the long factors when it runs past the
+    original context; the engine prefills it in chunks (64 tokens a step here), each on the choice
+    of the whole prompt, so the tokens are the same."""
+    hf_model = tiny_family_model("phi3")
+    loaded = load_model(write_family_gguf(hf_model, "phi3", tmp_path / "tiny-phi3.gguf"), progress=False)
+    ids = loaded.tokenizer.encode(" ".join(PROMPTS))
+    assert len(ids) > 64 + 36  # past the original context, and more than one 64-token chunk
+    assert engine_greedy(loaded, [ids], GREEDY_TOKENS) == [hf_greedy(hf_model, ids, GREEDY_TOKENS)]

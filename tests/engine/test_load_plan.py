@@ -82,7 +82,7 @@ def test_stacked_q4_linears_join_their_layouts(tiled: bool, monkeypatch: pytest.
 
 def test_the_plan_decides_each_tensor_from_the_header() -> None:
     reader = gguf_file.open_gguf(default_model_path())
-    headers = gguf_file.headers(reader)
+    headers = gguf_file.headers(reader, "llama")
     heads, kv_heads = 9, 3  # SmolLM2-135M
 
     def forms(keep: KeepPolicy) -> dict[str, Form]:

@@ -83,12 +83,13 @@ def test_sliding_window_caps_the_context() -> None:
         (
             {"architectures": ["GPT2LMHeadModel"]},
             r"unsupported architecture 'GPT2LMHeadModel'; supported: .*Qwen3ForCausalLM.*SmolLM3ForCausalLM"
-            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, bitnet \(GGUF\)$",
+            r".* \(Hugging Face\); llama, qwen2, qwen3, smollm3, gemma3, phi3, bitnet \(GGUF\)$",
         ),
         ({"architectures": []}, "names no architecture"),
         (
             {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}},
-            "unsupported rope scaling 'longrope'; supported: default, linear, llama3, yarn$",
+            r"unsupported rope scaling 'longrope'; supported: default, linear, llama3, yarn \(longrope: Phi3"
+            r"ForCausalLM\)$",
         ),
         ({"hidden_act": "gelu"}, "hidden_act"),
         ({"num_key_value_heads": 5}, "multiple of num_key_value_heads"),
@@ -97,6 +98,31 @@ def test_sliding_window_caps_the_context() -> None:
 def test_unsupported_configs_are_refused(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ModelConfig.from_hf_dict({**LLAMA_32_CONFIG, **change})
+
+
+def test_gemma3_configs_as_google_wrote_them() -> None:
+    """Gemma 3 1B's config.json keys (transformers 4.5x: rope_local_base_freq, sliding_window_pattern,
+    no layer_types): every 6th layer global, its own rope bases; a Gemma 2 attention soft-cap refused."""
+    config = {
+        **LLAMA_32_CONFIG,
+        "architectures": ["Gemma3ForCausalLM"],
+        "num_hidden_layers": 12,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": 256,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rope_scaling": None,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "max_position_embeddings": 32768,
+    }
+    gemma = ModelConfig.from_hf_dict(config)
+    assert gemma.sliding_layers == (0, 1, 2, 3, 4, 6, 7, 8, 9, 10) and gemma.sliding_window == 512
+    assert (gemma.rope_theta, gemma.rope_local_theta, gemma.rope_scaling) == (1000000.0, 10000.0, None)
+    assert gemma.max_position_embeddings == 32768 and gemma.attention_scale == 256**-0.5
+    with pytest.raises(ValueError, match="attn_logit_softcapping"):
+        ModelConfig.from_hf_dict({**config, "attn_logit_softcapping": 50.0})
 
 
 @pytest.mark.parametrize("variant", sorted(TINY_VARIANTS))
@@ -113,8 +139,9 @@ def test_saved_transformers_configs(variant: str, tiny_model_dir: Callable[[str]
     assert config.num_key_value_heads == hf.num_key_value_heads
     expected_head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     assert config.head_dim == expected_head_dim
-    assert config.rope_theta == hf.rope_parameters["rope_theta"]
-    assert (config.rope_scaling or {}).get("rope_type", "default") == hf.rope_parameters["rope_type"]
+    rope = hf.rope_parameters.get("full_attention", hf.rope_parameters)  # Gemma 3's global layers'
+    assert config.rope_theta == rope["rope_theta"]
+    assert (config.rope_scaling or {}).get("rope_type", "default") == rope["rope_type"]
     assert config.tie_word_embeddings == hf.tie_word_embeddings
     assert config.attention_bias == (variant in ("qwen2", "llama_tied_gqa"))
     assert config.attention_out_bias == config.mlp_bias == (variant == "llama_tied_gqa")

@@ -56,6 +56,26 @@ def test_triton_kernel_matches_reference(
     torch.testing.assert_close(out.float(), ref, atol=tol, rtol=tol)
 
 
+def test_triton_kernel_takes_a_sliding_window() -> None:
+    """A window: each row attends to its last ``window`` keys; the blocks before the window's first are
+    never read (here: freed, their table entries -1, as a sliding-window layer's pool has them)."""
+    context_lens, block_size, window = [5, 1, 13, 30], 4, 6
+    k_cache, v_cache, tables = random_paged_cache(context_lens, block_size, 2, 8, torch.float32, seed=3)
+    q = torch.randn(len(context_lens), 4, 8, generator=torch.Generator().manual_seed(4))
+    lens = torch.tensor(context_lens, dtype=torch.int32)
+    ref = paged_attention_ref(q, k_cache, v_cache, tables, lens, 0.3, window)
+    for row, length in enumerate(context_lens):  # the reference itself: plain attention over the window
+        blocks = tables[row, : -(-length // block_size)].long()
+        keys = k_cache[blocks].reshape(-1, 2, 8)[max(0, length - window) : length].repeat_interleave(2, 1)
+        values = v_cache[blocks].reshape(-1, 2, 8)[max(0, length - window) : length].repeat_interleave(2, 1)
+        weights = (torch.einsum("hd,lhd->hl", q[row], keys) * 0.3).softmax(-1)
+        torch.testing.assert_close(ref[row], torch.einsum("hl,lhd->hd", weights, values))
+    for row, length in enumerate(context_lens):
+        tables[row, : max(0, length - window) // block_size] = -1
+    args = [t.to(DEVICE) for t in (q, k_cache, v_cache, tables, lens)]
+    torch.testing.assert_close(paged_attention(*args, 0.3, window).cpu(), ref, atol=1e-5, rtol=1e-5)
+
+
 def full_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """q [n, H, D] are the last n positions of keys/values [L, KVH, D] -> [n, H * D]."""
     n, heads, dim = q.shape

@@ -160,12 +160,22 @@ def test_tiny_variants_cover_the_features(tiny_pair: tuple[LoadedModel, Any]) ->
         assert config.attention_bias and not config.attention_out_bias
         assert (Path(loaded.path) / "model.safetensors.index.json").exists()
     if config.rope_scaling is not None:
-        expected = "yarn" if config.architecture == "SmolLM3ForCausalLM" else "llama3"
+        expected = {"SmolLM3ForCausalLM": "yarn", "Phi3ForCausalLM": "longrope"}.get(
+            config.architecture, "llama3"
+        )
         assert config.rope_scaling["rope_type"] == expected
+    if config.architecture == "Phi3ForCausalLM":  # partial rotary, both LongRoPE factor sets in play
+        assert config.rotary_dim == 12 < config.head_dim and config.rope_scaling is not None
+        assert config.rope_scaling["original_max_position_embeddings"] == 64
+        assert config.rope_scaling["attention_factor"] > 1.0
     if config.architecture == "Qwen3ForCausalLM":
         assert config.qk_norm and config.head_dim * config.num_attention_heads != config.hidden_size
     if config.architecture == "SmolLM3ForCausalLM":
         assert config.nope_layers == (3,) and not loaded.model.model.layers[3].self_attn.rotary
+    if config.architecture == "Gemma3ForCausalLM":  # windows shorter than the prompts, one global layer
+        assert config.sliding_window == 6 and config.final_logit_softcap == 30.0
+        assert 0 < len(config.sliding_layers) < config.num_hidden_layers
+        assert config.rope_local_theta == 10000.0 and config.rope_theta == 1000000.0
     if config.tie_word_embeddings:
         assert loaded.model.lm_head.weight is loaded.model.model.embed_tokens.weight
     if config.tie_word_embeddings and config.architecture == "LlamaForCausalLM":
