@@ -4,7 +4,8 @@ One script call admits a request (``scripts/admit.lua``) and one settles it
 (``scripts/settle.lua``); calls made in the same event-loop turn share one pipelined round trip
 (:class:`ScriptBatcher`). While Redis is unreachable each key follows its failure policy:
 fail-closed answers 503, fail-open uses :class:`LocalLimiter`. Redis is retried every
-``redis_retry_s``, so the gateway goes back to the shared limits by itself.
+``redis_retry_s``, so the gateway goes back to the shared limits by itself. Every key and script
+argument is built by ``gateway/keyspace.py``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from gateway.keyspace import alive_key
 
 log = logging.getLogger(__name__)
 
+
 def new_instance_id() -> str:
     return uuid.uuid4().hex[:16]
 
