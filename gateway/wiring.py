@@ -30,11 +30,11 @@ from gateway.keys.auth import KeyAuthenticator
 from gateway.keys.service import bootstrap_admin_key
 from gateway.limits.admission import RequestLimiter
 from gateway.limits.config import LimitsSettings
+from gateway.limits.limiter import RateLimiter
 from gateway.limits.liveness import Liveness, new_instance_id
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.recovery import LimitsRecovery
 from gateway.limits.schemas import Scope
-from gateway.limits.service import RateLimiter
 from gateway.proxy.engine_pool import EnginePool, ModelNames
 from gateway.proxy.outcome import CompletionHook, UsageJournal
 from gateway.proxy.prefix_routing import RoutingParams

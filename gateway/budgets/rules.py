@@ -1,14 +1,13 @@
 """A budget as admission checks it: :class:`BudgetRule`, in integer units (tokens, or nano-units of
-money), and where its period's counter lives in Redis."""
+money). Its period's counter in Redis is named by ``gateway/keyspace.py``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
 from decimal import ROUND_CEILING, Decimal
 from typing import Literal
 
-from gateway.budgets.periods import Period, period_id
+from gateway.budgets.periods import Period
 
 NANO = Decimal(10) ** 9
 """Spend is kept in Redis as integer nano-units of the price currency: no floats near money."""
@@ -46,18 +45,6 @@ def nano_str(nano: int) -> str:
     """A non-negative nano-unit amount as a plain decimal string ("0.002"), without ``Decimal``."""
     whole, frac = divmod(nano, 10**9)
     return f"{whole}.{frac:09d}".rstrip("0").rstrip(".")
-
-
-def counter_key(scope_name: str, period: Period, day: date) -> str:
-    """The hash of a scope's settled usage in one period: fields ``tok`` and ``spend`` (nano)."""
-    return f"tern:budget:{scope_name}:{period_id(period, day)}"
-
-
-def reservation_keys(scope_name: str) -> tuple[str, str]:
-    """A scope's outstanding reservations: a hash of their sums (``__tok``, ``__spend``) and a sorted
-    set of them, each ``"<request id> <tokens> <nano>"`` scored by its expiry. (``tern:bres:``, the
-    names before, held a hash entry per request: a gateway of that version keeps its own.)"""
-    return f"tern:bheld:{scope_name}", f"tern:bheld:{scope_name}:exp"
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,12 +17,13 @@ from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from gateway import keyspace
 from gateway.audit.service import record
 from gateway.auth.identity import Actor
 from gateway.budgets.exceptions import BudgetExists, BudgetNotFound, KeyOfAnotherTenant
 from gateway.budgets.models import BudgetRow
-from gateway.budgets.periods import period_end, period_start, resets_at
-from gateway.budgets.rules import BudgetRule, Metric, counter_key, from_nano, reservation_keys, to_nano
+from gateway.budgets.periods import period_end, period_id, period_start, resets_at
+from gateway.budgets.rules import BudgetRule, Metric, from_nano, to_nano
 from gateway.budgets.schemas import BudgetCreate, BudgetStatus
 from gateway.exceptions import PlatformAdminRequired
 from gateway.keys.service import get_key
@@ -114,7 +115,7 @@ class _Owned:
 
 def _scope_name(tenant_id: uuid.UUID, key_id: uuid.UUID | None) -> str:
     """``gateway.limits.schemas.Scope.name`` of the key or tenant scope."""
-    return f"key:{key_id}" if key_id is not None else f"tenant:{tenant_id}"
+    return keyspace.scope_name("tenant", tenant_id) if key_id is None else keyspace.scope_name("key", key_id)
 
 
 MONTHLY_FIELDS_SQL = """
@@ -166,7 +167,8 @@ async def drop_unkept_counter(
     ]
     if not others:
         day = day or datetime.now(UTC).date()
-        await redis.delete(counter_key(_scope_name(row.tenant_id, row.key_id), row.period, day))  # type: ignore[arg-type]
+        scope = _scope_name(row.tenant_id, row.key_id)
+        await redis.delete(keyspace.counter_key(scope, period_id(row.period, day)))  # type: ignore[arg-type]
 
 
 def _amount(metric: Metric, value: int) -> str:
@@ -188,7 +190,8 @@ async def budget_statuses(
     out = []
     for owned in await _budgets_of(session, tenant_id, key_id):
         rule, period = owned.rule, owned.rule.period
-        counter = await redis.hmget(counter_key(owned.scope_name, period, day), ["tok", "spend"])
+        counter_key = keyspace.counter_key(owned.scope_name, period_id(period, day))
+        counter = await redis.hmget(counter_key, keyspace.COUNTER_FIELDS)
         if counter[0] is None:
             column, owner = ("key_id", owned.key_id) if owned.key_id else ("tenant_id", owned.tenant_id)
             tokens, spend = await period_usage(
@@ -201,7 +204,7 @@ async def budget_statuses(
             used = tokens if rule.metric == "tokens" else to_nano(spend)
         else:
             used = int(counter[0] if rule.metric == "tokens" else counter[1] or 0)
-        held = await redis.hmget(reservation_keys(owned.scope_name)[0], ["__tok", "__spend"])
+        held = await redis.hmget(keyspace.reservation_keys(owned.scope_name)[0], keyspace.HELD_FIELDS)
         reserved = int(held[0 if rule.metric == "tokens" else 1] or 0)
         out.append(
             BudgetStatus(

@@ -19,9 +19,9 @@ from typing import NamedTuple
 from gateway.auth.identity import AuthenticatedKey
 from gateway.budgets.rules import PRICE_SCALE, nano_cost
 from gateway.limits.denials import TokensRefused
+from gateway.limits.limiter import RateLimiter, reserve_tokens
 from gateway.limits.policies import LimitPolicies
 from gateway.limits.schemas import Admission, RequestLimits
-from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.proxy.outcome import Admitted, PromptSize, RelayOutcome
 from gateway.proxy.token_count import prompt_upper_bound
 from gateway.reports.pricing import PriceBook

@@ -19,9 +19,9 @@ from collections.abc import Iterable
 
 from redis.asyncio import Redis
 
-log = logging.getLogger(__name__)
+from gateway.keyspace import alive_key
 
-ALIVE_PREFIX = "tern:gw:alive:"
+log = logging.getLogger(__name__)
 
 
 def new_instance_id() -> str:
@@ -37,7 +37,7 @@ class Liveness:
 
     @property
     def key(self) -> str:
-        return ALIVE_PREFIX + self.instance_id
+        return alive_key(self.instance_id)
 
     async def start(self) -> None:
         await self._beat()
@@ -64,6 +64,6 @@ class Liveness:
 
     async def forget(self, instance_ids: Iterable[str]) -> None:
         """These processes are known dead (their journals were replayed): free their slots now."""
-        keys = [ALIVE_PREFIX + i for i in instance_ids if i != self.instance_id]
+        keys = [alive_key(i) for i in instance_ids if i != self.instance_id]
         if keys:
             await self.redis.delete(*keys)

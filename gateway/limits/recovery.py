@@ -17,6 +17,7 @@ import logging
 
 from redis.asyncio import Redis
 
+from gateway.keyspace import counter_pattern
 from gateway.limits.liveness import Liveness
 from gateway.limits.schemas import Scope
 from gateway.usage.recorder import Recovered
@@ -29,7 +30,7 @@ def budget_key_patterns(*, tenant_ids: set[str], key_ids: set[str]) -> list[str]
     per-model ones too)."""
     scopes = [Scope(kind="tenant", id=t, label="") for t in sorted(tenant_ids)]
     scopes += [Scope(kind="key", id=k, label="") for k in sorted(key_ids)]
-    return [f"tern:budget:{scope.name}:*" for scope in scopes]
+    return [counter_pattern(scope.name) for scope in scopes]
 
 
 class LimitsRecovery:

@@ -9,10 +9,11 @@ from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from gateway import keyspace
 from gateway.bounds import Int32, Int64, Name, PositiveInt32
 from gateway.bounds import Numeric20_6 as Spend
-from gateway.budgets.periods import Period
-from gateway.budgets.rules import BudgetRule, counter_key, nano_str, reservation_keys
+from gateway.budgets.periods import Period, period_id
+from gateway.budgets.rules import BudgetRule, nano_str
 from gateway.limits.config import FailurePolicy
 from gateway.limits.script_batch import Packed
 
@@ -39,8 +40,8 @@ class Scope:
 
     @property
     def name(self) -> str:
-        base = f"{self.kind.split('_')[0]}:{self.id}"
-        return f"{base}:model:{self.model}" if self.model is not None else base
+        owner: keyspace.ScopeKind = "key" if self.kind.startswith("key") else "tenant"
+        return keyspace.scope_name(owner, self.id, self.model)
 
     @property
     def has_budget(self) -> bool:
@@ -60,26 +61,23 @@ class Scope:
         return tuple(dict.fromkeys(b.period for b in self.budgets))
 
     def redis_keys(self, day: date) -> list[str]:
-        """Request log, token hash, concurrency slots, reservations hash and expiry set, then one
-        counter per period (the scripts' order)."""
-        prefix = f"tern:rl:{self.name}"
-        return [
-            f"{prefix}:req",
-            f"{prefix}:tok",
-            f"{prefix}:slots",
-            *reservation_keys(self.name),
-            *(counter_key(self.name, p, day) for p in self.periods),
-        ]
+        """The scripts' keys of this scope (``keyspace.scope_keys``) on ``day``."""
+        return keyspace.scope_keys(self.name, (period_id(p, day) for p in self.periods))
 
     def script_args(self) -> list[int]:
+        """Its limits as the scripts take them (``keyspace.scope_limit_args``)."""
+
         def n(value: int | None) -> int:
             return -1 if value is None else value
 
         periods = self.periods
-        args = [n(self.rpm), n(self.tpm), n(self.concurrency), len(periods), len(self.budgets)]
-        for b in self.budgets:
-            args += [periods.index(b.period) + 1, b.code, b.limit, n(b.alert_at)]
-        return args
+        return keyspace.scope_limit_args(
+            rpm=n(self.rpm),
+            tpm=n(self.tpm),
+            concurrency=n(self.concurrency),
+            n_periods=len(periods),
+            budgets=[(periods.index(b.period) + 1, b.code, b.limit, n(b.alert_at)) for b in self.budgets],
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,18 +155,16 @@ class RequestLimits:
         """The number of scopes, then every scope's periods and budgets, in settle.lua's order."""
         packed = self._packed.get("settle")
         if packed is None:
-            args = [len(self.scopes)]
-            for s in self.scopes:
-                args += s.script_args()[3:]  # n_periods, n_budgets, then the budgets
-            packed = self._packed["settle"] = Packed.of(args)
+            tail = keyspace.settlement_tail([s.script_args() for s in self.scopes])
+            packed = self._packed["settle"] = Packed.of(tail)
         return packed
 
     def limit_args(self) -> Packed:
         """The number of scopes, then every scope's limits, in the scripts' order."""
         packed = self._packed.get("admit")
         if packed is None:
-            args = [len(self.scopes), *(a for s in self.scopes for a in s.script_args())]
-            packed = self._packed["admit"] = Packed.of(args)
+            tail = keyspace.limits_tail([s.script_args() for s in self.scopes])
+            packed = self._packed["admit"] = Packed.of(tail)
         return packed
 
 

@@ -20,6 +20,13 @@ time and kept for the next batch: redis-py's pipeline object and pool checkout c
 the CPU of the write and read themselves (measured: about 200 against 85 us per lone call). A
 kept connection that Redis closed meanwhile reconnects; one that failed during a batch is closed
 and handed back to the pool.
+
+That path goes through redis-py's connection internals (``pool.get_connection``,
+``Connection.send_packed_command``, ``read_response``, ``can_read``), which are not its documented API
+and change between versions (``get_connection`` used to require a command name), so
+pyproject.toml pins redis-py to ``REDIS_PY_TESTED``, the versions this was tested on;
+``tests/gateway/test_limits_script_batch.py`` fails on any other. Widen both after running that test
+file and tests/gateway/test_limits*.py on the new version.
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, ResponseError
 
+REDIS_PY_TESTED = ">=8.0.1,<8.2"
+"""The redis-py versions the fast path was tested on: pyproject.toml's requirement, word for word."""
 MAX_BATCH = 256
 MAX_IDLE_CONNECTIONS = 4
 

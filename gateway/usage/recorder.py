@@ -29,6 +29,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gateway.metrics import USAGE_FLUSH_ERRORS, USAGE_QUARANTINED, USAGE_QUEUE
+from gateway.usage.batch_writer import write_batch
 from gateway.usage.config import UsageSettings
 from gateway.usage.journal import (
     LEGACY_SUFFIX,
@@ -43,7 +44,6 @@ from gateway.usage.journal import (
 )
 from gateway.usage.partitions import maintain
 from gateway.usage.schemas import UsageRecord
-from gateway.usage.service import write_batch
 
 log = logging.getLogger(__name__)
 

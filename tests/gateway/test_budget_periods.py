@@ -19,11 +19,11 @@ from gateway.budgets.periods import Period
 from gateway.budgets.rules import BudgetRule
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
+from gateway.limits.limiter import RateLimiter
 from gateway.limits.schemas import RequestLimits, Scope
-from gateway.limits.service import RateLimiter
 from gateway.reports.service import period_usage
+from gateway.usage.batch_writer import write_batch
 from gateway.usage.schemas import UsageRecord
-from gateway.usage.service import write_batch
 from gateway.wiring import create_limits_redis
 
 pytestmark = pytest.mark.anyio

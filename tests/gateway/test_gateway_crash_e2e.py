@@ -34,7 +34,8 @@ from gateway_crash import Attempt, GatewayProcess, Load, postgres_paused
 from real_engine import RealEngine
 from test_usage_e2e import read_usage
 
-from gateway.budgets.rules import counter_key
+from gateway import keyspace
+from gateway.budgets.periods import period_id
 from tern_stack.services import PostgresServer
 
 pytestmark = pytest.mark.slow
@@ -186,7 +187,8 @@ def check_billing(
 def budget_counter_equals_rows(load: Load, redis_url: str, database_url: str, key_id: str) -> None:
     """After the recoveries dropped it, the key's monthly counter is seeded again from the rows by the
     next admission, and from then on counts exactly what is billed."""
-    counter = counter_key(f"key:{key_id}", "month", datetime.now(UTC).date())
+    month = period_id("month", datetime.now(UTC).date())
+    counter = keyspace.counter_key(keyspace.scope_name("key", key_id), month)
     client = redis.Redis.from_url(redis_url)
     try:
         for _ in range(10):  # a recovery may still drop the counter once more meanwhile

@@ -17,8 +17,8 @@ from redis.asyncio import Redis
 from gateway.budgets.rules import BudgetRule
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
+from gateway.limits.limiter import RateLimiter, reserve_tokens
 from gateway.limits.schemas import RequestLimits, Scope, format_reset
-from gateway.limits.service import RateLimiter, reserve_tokens
 from gateway.wiring import create_limits_redis
 from tern_stack.services import RedisServer
 

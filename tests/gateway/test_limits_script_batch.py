@@ -5,14 +5,19 @@ a broken connection fails only its batch."""
 from __future__ import annotations
 
 import asyncio
+import tomllib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
+import redis
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.exceptions import ResponseError
 
-from gateway.limits.script_batch import Packed, ScriptBatcher
+from gateway.limits.script_batch import REDIS_PY_TESTED, Packed, ScriptBatcher
 from gateway.wiring import create_limits_redis
 
 pytestmark = pytest.mark.anyio
@@ -132,3 +137,16 @@ async def test_packed_keys_and_arguments_reach_the_script_as_plain_ones(redis_cl
         assert await batcher.call(echo, keys=Packed.of(keys), args=args) == expected
         assert await batcher.call(echo, keys=keys, args=args) == expected
         await redis_client.script_flush()
+
+
+def test_redis_py_is_a_version_the_fast_path_was_tested_on() -> None:
+    """ScriptBatcher writes and reads on redis-py's connection internals: another redis-py version must
+    fail here (and be tested) before it is allowed in pyproject.toml."""
+    pyproject = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    pinned = [Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "redis"]
+    assert [str(r.specifier) for r in pinned] == [str(SpecifierSet(REDIS_PY_TESTED))]
+    tested = SpecifierSet(REDIS_PY_TESTED)
+    assert "8.2.0" not in tested and "7.4.1" not in tested  # the check can fail
+    assert redis.__version__ in tested, (
+        f"redis-py {redis.__version__} is not one ScriptBatcher was tested on ({REDIS_PY_TESTED})"
+    )

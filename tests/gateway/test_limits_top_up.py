@@ -16,8 +16,8 @@ from gateway.budgets.rules import BudgetRule
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
 from gateway.limits.denials import TokensRefused
+from gateway.limits.limiter import RateLimiter
 from gateway.limits.schemas import RequestLimits, Scope
-from gateway.limits.service import RateLimiter
 from gateway.wiring import create_limits_redis
 from tern_stack.services import free_port
 

@@ -20,8 +20,8 @@ from credentials import bearer
 from fastapi import FastAPI
 
 from gateway.reports.schemas import METRICS
+from gateway.usage.batch_writer import write_batch
 from gateway.usage.schemas import UsageRecord
-from gateway.usage.service import write_batch
 from gateway.wiring import gateway_state
 
 pytestmark = pytest.mark.anyio

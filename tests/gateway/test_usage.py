@@ -20,12 +20,12 @@ from sqlalchemy import pool, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from gateway.db import upgrade_database
+from gateway.usage.batch_writer import write_batch
 from gateway.usage.config import UsageSettings
 from gateway.usage.journal import read_segments, segments
 from gateway.usage.partitions import add_months, existing_partitions, maintain, month_floor
 from gateway.usage.recorder import UsageRecorder
 from gateway.usage.schemas import UsageRecord
-from gateway.usage.service import write_batch
 from tern_stack.services import PostgresServer
 
 pytestmark = pytest.mark.anyio

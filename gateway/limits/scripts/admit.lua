@@ -8,12 +8,21 @@
 -- they are dropped when they would refuse a request. A reservation is one sorted-set member
 -- "request_id tokens nano" (score: expiry), so recording and settling it touch no per-request hash.
 --
--- ARGV: request_id, reserve_tokens, window_ms, slot_ttl_ms, budget_tokens, budget_nano, n_scopes,
---       then per scope: rpm, tpm, concurrency, n_periods, n_budgets  (-1 = no limit),
---       then per budget: period_index (1..n_periods), metric (0 tokens, 1 spend), limit, alert_at
--- KEYS per scope (5 + n_periods): request log (zset rid -> admit ms), tokens (hash rid -> tokens,
---       "__total"), slots (zset rid -> expiry ms), reservation sums (hash "__tok", "__spend"),
---       reservations (zset "rid tokens nano" -> expiry ms), then one counter per period (hash: tok, spend)
+-- Layout (built by gateway/keyspace.py; tests/gateway/test_keyspace.py checks these lines):
+-- KEYS per scope: requests tokens slots held held_exp, then one counter per period
+-- ARGV[1] request_id
+-- ARGV[2] reserve_tokens
+-- ARGV[3] window_ms
+-- ARGV[4] slot_ttl_ms
+-- ARGV[5] budget_tokens
+-- ARGV[6] budget_nano
+-- ARGV[7..] limits: n_scopes, then per scope its scope fields, then per budget of it its budget fields:
+--   scope: rpm tpm concurrency n_periods n_budgets
+--   budget: period_index metric limit alert_at
+-- Limits are -1 for none; period_index counts from 1, metric is 0 tokens, 1 spend. The keys: request log
+-- (zset rid -> admit ms), tokens (hash rid -> tokens, "__total"), slots (zset rid -> expiry ms),
+-- reservation sums (hash "__tok", "__spend"), reservations (zset "rid tokens nano" -> expiry ms), then
+-- one counter per period (hash: tok, spend).
 --
 -- Returns one string of space-separated fields (one bulk reply is much cheaper for the client to parse
 -- than an array of numbers):

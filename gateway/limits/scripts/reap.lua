@@ -4,7 +4,11 @@
 -- ARGV[1] .. instance refreshed (gateway/limits/liveness.py). A slot whose gateway's key is gone
 -- can never be settled, so it is removed instead of holding its key for the slot TTL.
 --
--- KEYS[1]: a slots zset.  ARGV[1]: the liveness key prefix, ARGV[2]: the caller's instance (alive).
+-- Layout (built by gateway/keyspace.py; tests/gateway/test_keyspace.py checks these lines):
+-- KEYS[1] slots
+-- ARGV[1] alive_prefix
+-- ARGV[2] instance
+-- slots: a scope's concurrency slots; alive_prefix: the liveness keys'; instance: the caller's (alive).
 -- Returns the number of slots freed.
 
 local freed = 0

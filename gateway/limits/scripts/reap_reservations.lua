@@ -3,8 +3,13 @@
 -- Like reap.lua for concurrency slots: a reservation is "<gateway instance>.<admission id> tokens
 -- nano" and a live gateway keeps ARGV[1] .. instance refreshed (gateway/limits/liveness.py).
 --
--- KEYS[1]: reservation sums (hash "__tok", "__spend"), KEYS[2]: the reservations (zset -> expiry).
--- ARGV[1]: the liveness key prefix, ARGV[2]: the caller's instance (alive).
+-- Layout (built by gateway/keyspace.py; tests/gateway/test_keyspace.py checks these lines):
+-- KEYS[1] held
+-- KEYS[2] held_exp
+-- ARGV[1] alive_prefix
+-- ARGV[2] instance
+-- held: reservation sums (hash "__tok", "__spend"), held_exp: the reservations (zset -> expiry);
+-- alive_prefix: the liveness keys', instance: the caller's (alive).
 -- Returns the number of reservations given back.
 
 local freed, tok, nano = 0, 0, 0

@@ -1,10 +1,17 @@
 -- Settle one admitted request: replace its token reservation with the real count, free its
 -- concurrency slot and budget reservation, and add its usage to its periods' budget counters.
 --
--- ARGV: request_id, actual_tokens, spend_nano, reserved_tokens, reserved_nano (as admit.lua got
---       them: they name the reservation), n_scopes,
---       then per scope: n_periods, n_budgets, then per budget: period_index, metric, limit, alert_at
--- KEYS per scope (5 + n_periods): same as admit.lua
+-- Layout (built by gateway/keyspace.py; tests/gateway/test_keyspace.py checks these lines):
+-- KEYS per scope: requests tokens slots held held_exp, then one counter per period
+-- ARGV[1] request_id
+-- ARGV[2] actual_tokens
+-- ARGV[3] spend_nano
+-- ARGV[4] reserved_tokens
+-- ARGV[5] reserved_nano
+-- ARGV[6..] settlement: n_scopes, then per scope its scope fields, then per budget of it its budget fields:
+--   scope: n_periods n_budgets
+--   budget: period_index metric limit alert_at
+-- reserved_tokens and reserved_nano are as admit.lua got them: with request_id they name the reservation.
 --
 -- A reservation that already left the window (or expired) is not touched. Budget counters are only
 -- incremented when they exist: a missing counter is seeded from Postgres, which already holds this

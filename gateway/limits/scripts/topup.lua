@@ -7,10 +7,19 @@
 -- caller refuses the request (settling it for 0 gives the old reservation back).
 -- Rate and concurrency limits are not looked at again: the request already counts there.
 --
--- ARGV: request_id, old_tokens, old_nano, new_tokens, new_nano, window_ms, slot_ttl_ms, then admit.lua's limits:
---       n_scopes, per scope: rpm, tpm, concurrency, n_periods, n_budgets, then per budget: period_index,
---       metric, limit, alert_at
--- KEYS: admit.lua's
+-- Layout (built by gateway/keyspace.py; tests/gateway/test_keyspace.py checks these lines):
+-- KEYS per scope: requests tokens slots held held_exp, then one counter per period
+-- ARGV[1] request_id
+-- ARGV[2] old_tokens
+-- ARGV[3] old_nano
+-- ARGV[4] new_tokens
+-- ARGV[5] new_nano
+-- ARGV[6] window_ms
+-- ARGV[7] slot_ttl_ms
+-- ARGV[8..] limits: n_scopes, then per scope its scope fields, then per budget of it its budget fields:
+--   scope: rpm tpm concurrency n_periods n_budgets
+--   budget: period_index metric limit alert_at
+-- The keys and limits are admit.lua's.
 --
 -- Returns admit.lua's shape: "ok now_ms" then per scope: -1 0 0 tok_limit tok_remaining tok_reset_ms
 --         (the request fields unchanged), then per budget what it has left after the new reservation;

@@ -4,7 +4,8 @@ One script call admits a request (``scripts/admit.lua``) and one settles it
 (``scripts/settle.lua``); calls made in the same event-loop turn share one pipelined round trip
 (:class:`ScriptBatcher`). While Redis is unreachable each key follows its failure policy:
 fail-closed answers 503, fail-open uses :class:`LocalLimiter`. Redis is retried every
-``redis_retry_s``, so the gateway goes back to the shared limits by itself.
+``redis_retry_s``, so the gateway goes back to the shared limits by itself. Every key and script
+argument is built by ``gateway/keyspace.py``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
-from gateway.budgets.periods import COUNTER_TTL_S, Period, period_end, period_start
-from gateway.budgets.rules import BudgetRule, counter_key, to_nano
+from gateway import keyspace
+from gateway.budgets.periods import COUNTER_TTL_S, Period, period_end, period_id, period_start
+from gateway.budgets.rules import BudgetRule, to_nano
 from gateway.errors import OpenAIError
 from gateway.limits.config import LimitsSettings
 from gateway.limits.denials import Denial, raise_denial
-from gateway.limits.liveness import ALIVE_PREFIX, new_instance_id
+from gateway.limits.liveness import new_instance_id
 from gateway.limits.local import LocalLimiter
 from gateway.limits.schemas import Admission, RequestLimits, Scope, WindowState, retry_after_seconds
 from gateway.limits.script_batch import Arg, Packed, ScriptBatcher
@@ -162,15 +164,15 @@ class RateLimiter:
         )
 
     async def _admit_redis(self, admission: Admission) -> None:
-        args: list[Arg | Packed] = [
-            admission.admission_id,
-            admission.reserved_tokens,
-            int(self.settings.window_s * 1000),
-            int(self.settings.slot_ttl_s * 1000),
-            admission.reserved_tokens,
-            admission.reserved_nano,
-            admission.limits.limit_args(),  # the number of scopes, then their limits
-        ]
+        args = keyspace.admit_argv(
+            request_id=admission.admission_id,
+            reserve_tokens=admission.reserved_tokens,
+            window_ms=int(self.settings.window_s * 1000),
+            slot_ttl_ms=int(self.settings.slot_ttl_s * 1000),
+            budget_tokens=admission.reserved_tokens,
+            budget_nano=admission.reserved_nano,
+            limits=admission.limits.limit_args(),
+        )
         await self._run_admit_script(self._admit, admission, args, admission)
 
     async def _run_admit_script(
@@ -209,16 +211,16 @@ class RateLimiter:
         admission as it was (settle it to give that back)."""
         grown = replace(admission, reserved_tokens=tokens, reserved_nano=nano)
         if admission.backend == "redis":
-            args: list[Arg | Packed] = [
-                admission.admission_id,
-                admission.reserved_tokens,
-                admission.reserved_nano,
-                tokens,
-                nano,
-                int(self.settings.window_s * 1000),
-                int(self.settings.slot_ttl_s * 1000),
-                admission.limits.limit_args(),
-            ]
+            args = keyspace.topup_argv(
+                request_id=admission.admission_id,
+                old_tokens=admission.reserved_tokens,
+                old_nano=admission.reserved_nano,
+                new_tokens=tokens,
+                new_nano=nano,
+                window_ms=int(self.settings.window_s * 1000),
+                slot_ttl_ms=int(self.settings.slot_ttl_s * 1000),
+                limits=admission.limits.limit_args(),
+            )
             shown = (admission.tokens, admission.budget_tokens_left, admission.budget_nano_left)
             admission.tokens = admission.budget_tokens_left = admission.budget_nano_left = None
             try:
@@ -241,15 +243,18 @@ class RateLimiter:
     async def _reap_dead(self, admission: Admission, index: int, slots: bool) -> int:
         """Free the scope's concurrency slots (``slots``), else its budget reservations, whose gateway
         process died; how many were freed."""
-        keys = admission.limits.scopes[index].redis_keys(admission.day)
-        args = [ALIVE_PREFIX, self.instance_id]
+        scope = admission.limits.scopes[index].name
+        args = keyspace.reap_argv(alive_prefix=keyspace.ALIVE_PREFIX, instance=self.instance_id)
         if slots:
-            freed = int(await self._reap(keys=[keys[2]], args=args))
+            keys = keyspace.reap_keys(slots=keyspace.window_keys(scope)[2])
+            freed = int(await self._reap(keys=keys, args=args))
         else:
-            freed = int(await self._reap_reservations(keys=keys[3:5], args=args))
+            held, held_exp = keyspace.reservation_keys(scope)
+            keys = keyspace.reap_reservations_keys(held=held, held_exp=held_exp)
+            freed = int(await self._reap_reservations(keys=keys, args=args))
         if freed:
             what = "concurrency slots" if slots else "budget reservations"
-            log.warning("freed %d %s of dead gateways on %s", freed, what, keys[0])
+            log.warning("freed %d %s of dead gateways on %s", freed, what, scope)
         return freed
 
     def _read_ok(self, fields: list[bytes], admission: Admission) -> None:
@@ -272,10 +277,11 @@ class RateLimiter:
     async def _seed_counter(self, scope: Scope, period: Period, day: date) -> None:
         """Start a period's counter from Postgres (Redis lost it, or the period just began)."""
         tokens, spend = await self.load_usage(scope, period_start(period, day), period_end(period, day))
-        key = counter_key(scope.name, period, day)
+        key = keyspace.counter_key(scope.name, period_id(period, day))
+        tok_field, spend_field = keyspace.COUNTER_FIELDS
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hsetnx(key, "tok", tokens)
-            pipe.hsetnx(key, "spend", to_nano(spend))
+            pipe.hsetnx(key, tok_field, tokens)
+            pipe.hsetnx(key, spend_field, to_nano(spend))
             ttl_s = COUNTER_TTL_S[period]
             if ttl_s is not None:
                 pipe.expire(key, ttl_s)
@@ -327,14 +333,14 @@ class RateLimiter:
             return
         keys = admission.limits.redis_keys(admission.day)
         try:
-            args: list[Arg | Packed] = [
-                admission.admission_id,
-                tokens,
-                spend_nano,
-                admission.reserved_tokens,  # with the id, they name the budget reservation
-                admission.reserved_nano,
-                admission.limits.settle_args(),
-            ]
+            args = keyspace.settle_argv(
+                request_id=admission.admission_id,
+                actual_tokens=tokens,
+                spend_nano=spend_nano,
+                reserved_tokens=admission.reserved_tokens,  # with the id, they name the reservation
+                reserved_nano=admission.reserved_nano,
+                settlement=admission.limits.settle_args(),
+            )
             reply = await self._scripts.call(self._settle, keys=keys, args=args)
         except REDIS_DOWN_ERRORS as exc:  # the reservations and the slot expire on their own
             self._mark_redis_down(exc)
