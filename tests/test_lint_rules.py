@@ -177,3 +177,12 @@ def test_no_module_on_the_load_path_is_exempt(module: str) -> None:
     effective = options.clone_for_module(module)
     assert not effective.ignore_errors
     assert not effective.disabled_error_codes
+
+
+def test_test_modules_have_unique_names() -> None:
+    """pytest imports test modules by their file name (the test folders are not packages), so two
+    files of one name in different folders stop the whole run at collection."""
+    names: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in names, f"{path} and {names[path.name]} share a name"
+        names[path.name] = path
