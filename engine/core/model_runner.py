@@ -70,6 +70,9 @@ class ModelRunner:
         self.num_kv_heads = model_config.num_key_value_heads
         self.head_dim = model_config.head_dim
         self.max_context = model_config.max_position_embeddings
+        # Only LongRoPE reads how far each sequence's forward reaches (rotary.longrope_rows): other
+        # models' steps build no such list.
+        self.tracks_rope_reach = (model_config.rope_scaling or {}).get("rope_type") == "longrope"
         if engine_config.max_model_len is not None:
             self.max_context = min(self.max_context, engine_config.max_model_len)
         if engine_config.num_kv_blocks is not None:
@@ -190,6 +193,7 @@ class ModelRunner:
         query_lens: list[int] = []
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
+        windowed = self.local_kv_cache is not None
         local_tables: list[list[int]] = []
         local_slots: list[int] = []
         rope_reach: list[int] = []  # LongRoPE's choice: a prompt's end while prefilling, else the context
@@ -206,10 +210,14 @@ class ModelRunner:
             positions.extend(range(start, end))
             table = seq.block_table
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            local = seq.local_block_table
-            if self.local_kv_cache is not None:
-                local_slots.extend(local[p // bs] * bs + p % bs for p in range(start, end))
             rows = n if seq.draft_token_ids else 1
+            if windowed:
+                local = seq.local_block_table
+                local_slots.extend(local[p // bs] * bs + p % bs for p in range(start, end))
+                local_tables.extend([local] * rows)
+            if self.tracks_rope_reach:
+                reach = max(end, seq.num_prompt_tokens) if start < seq.num_prompt_tokens else end
+                rope_reach.extend(range(start + 1, end + 1) if seq.draft_token_ids else [reach])
             if seq.draft_token_ids:
                 query_lens.extend([1] * n)
                 context_lens.extend(range(start + 1, end + 1))
@@ -217,18 +225,15 @@ class ModelRunner:
                 query_lens.append(n)
                 context_lens.append(end)
             block_tables.extend([table] * rows)
-            local_tables.extend([local] * rows)
-            reach = max(end, seq.num_prompt_tokens) if start < seq.num_prompt_tokens else end
-            rope_reach.extend(range(start + 1, end + 1) if seq.draft_token_ids else [reach])
         context = make_context(
             query_lens=query_lens,
             context_lens=context_lens,
             block_tables=block_tables,
             slot_mapping=slots,
             device=self.device,
-            local_block_tables=local_tables if self.local_kv_cache is not None else None,
-            local_slot_mapping=local_slots if self.local_kv_cache is not None else None,
-            rope_reach=rope_reach,
+            local_block_tables=local_tables if windowed else None,
+            local_slot_mapping=local_slots if windowed else None,
+            rope_reach=rope_reach if self.tracks_rope_reach else None,
         )
         return PreparedStep(input_ids, positions, context, sampling, logit_rows)
 
