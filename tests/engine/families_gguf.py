@@ -27,7 +27,13 @@ import numpy as np
 import torch
 
 from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS, randomize_norms
-from tests.engine.test_loader_gguf import BYTE_TOKENS, HF_TO_GGUF, add_byte_tokenizer, llama_cpp_permute
+from tests.engine.test_loader_gguf import (
+    BYTE_TOKENS,
+    HF_TO_GGUF,
+    add_byte_tokenizer,
+    gguf_name,
+    llama_cpp_permute,
+)
 
 Q = gguf.GGMLQuantizationType
 # GGUF architecture -> (the tiny HF variant in conftest, whether llama.cpp permutes its q/k rows).
@@ -69,16 +75,7 @@ def tiny_family_model(architecture: str, layers: int | None = None) -> Any:
 
 
 def gguf_tensor_name(hf_name: str, architecture: str = "llama") -> str:
-    if hf_name == "model.embed_tokens.weight":
-        return "token_embd.weight"
-    if hf_name == "model.norm.weight":
-        return "output_norm.weight"
-    if hf_name == "lm_head.weight":
-        return "output.weight"
-    _, _, layer, rest = hf_name.split(".", 3)
-    module, kind = rest.rsplit(".", 1)
-    names = {**HF_TO_GGUF, **_EXTRA_NAMES, **_FAMILY_NAMES.get(architecture, {})}
-    return f"blk.{layer}.{names[module]}.{kind}"
+    return gguf_name(hf_name, {**HF_TO_GGUF, **_EXTRA_NAMES, **_FAMILY_NAMES.get(architecture, {})})
 
 
 def head_dim(config: Any) -> int:

@@ -56,7 +56,8 @@ def llama_cpp_permute(weights: np.ndarray, num_heads: int) -> np.ndarray:
     )
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, layer_names: dict[str, str] = HF_TO_GGUF) -> str:
+    """llama.cpp's name of a HF tensor; ``layer_names`` maps a layer's module names."""
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
     if hf_name == "model.norm.weight":
@@ -65,7 +66,7 @@ def gguf_name(hf_name: str) -> str:
         return "output.weight"
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{HF_TO_GGUF[module]}.{kind}"
+    return f"blk.{layer}.{layer_names[module]}.{kind}"
 
 
 # A byte-level vocabulary: the 256 byte symbols plus three control tokens.
