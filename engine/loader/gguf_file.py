@@ -27,7 +27,7 @@ import torch
 from engine.families import FAMILIES
 from engine.loader.gguf_reader import GgufFile, GgufTensor
 from engine.loader.plan import Form, PlannedTensor, TensorHeader, TensorPlan
-from engine.model_config import CONFIG_TENSORS, ROPE_FREQS_TENSOR
+from engine.model_config import CONFIG_TENSORS
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -73,18 +73,9 @@ def read_metadata(reader: GgufFile) -> dict[str, Any]:
     return reader.metadata()
 
 
-def rope_freq_factors(reader: GgufFile) -> list[float] | None:
-    """The values of the file's ``rope_freqs`` tensor (Llama 3.1's rope scaling), None without one.
-    They go into the model's config, not its weights: :func:`iter_tensors` skips the tensor."""
-    for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS_TENSOR:
-            return [float(v) for v in dequantize(tensor).reshape(-1)]
-    return None
-
-
 def config_tensors(reader: GgufFile) -> dict[str, list[float]]:
-    """The file's ``CONFIG_TENSORS`` (Phi-3's LongRoPE factors) as lists, by name: configuration,
-    which the load plan skips (``Form.CONFIG``)."""
+    """The file's ``CONFIG_TENSORS`` (Llama 3.1's ``rope_freqs``, Phi-3's LongRoPE factors) as lists, by
+    name: they go into the model's config, not its weights, and the load plan skips them (``Form.CONFIG``)."""
     return {
         t.name: [float(v) for v in dequantize(t).reshape(-1)]
         for t in reader.tensors

@@ -29,7 +29,7 @@ from engine.loader import gguf_file, safetensors_files
 from engine.loader.ggml_modules import GgmlBlocks
 from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan, keep_policy
 from engine.loader.progress import ProgressBar
-from engine.model_config import ModelConfig
+from engine.model_config import ROPE_FREQS_TENSOR, ModelConfig
 from engine.models import model_class_for
 from engine.models.llama import LlamaForCausalLM
 from engine.tokenizer import Tokenizer
@@ -178,11 +178,9 @@ def _open(path: str | Path | None) -> _Checkpoint:
     if path.suffix == ".gguf" and path.is_file():
         reader = gguf_file.open_gguf(path)
         metadata = gguf_file.read_metadata(reader)
+        extras = gguf_file.config_tensors(reader)  # rope_freqs, LongRoPE's factors: read once
         config = ModelConfig.from_gguf_metadata(
-            metadata,
-            {t.name for t in reader.tensors},
-            gguf_file.rope_freq_factors(reader),
-            gguf_file.config_tensors(reader),
+            metadata, {t.name for t in reader.tensors}, extras.get(ROPE_FREQS_TENSOR), extras
         )
         architecture = metadata["general.architecture"]
         return _Checkpoint(
