@@ -215,6 +215,14 @@ def _add_random_family_keys(writer: gguf.GGUFWriter, architecture: str) -> None:
         writer.add_rope_scaling_orig_ctx_len(RANDOM_CONTEXT // 4)
 
 
+def _centre_q4_1(blocks: np.ndarray) -> None:
+    """Each Q4_1 block's min (``m`` in ``d * code + m``) set to ``-8 d`` in place: random blocks' positive
+    mins give every row the same mean, and a model of such rows answers one token at every position."""
+    halves = blocks.reshape(-1, 20)[:, :4].copy().view(np.float16)
+    halves[:, 1] = -8 * halves[:, 0]
+    blocks.reshape(-1, 20)[:, :4] = halves.view(np.uint8)
+
+
 def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed: int = 0) -> Path:
     """A random-weight GGUF of ``variant`` (RANDOM_VARIANTS) whose linears have ``types`` per role
     (``tests/engine/ggml_files.py``'s roles), Q8_0 embedding and Q6_K head, as the converter names them."""
@@ -264,6 +272,8 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
 
     def add(name: str, ggml_type: Q, rows: int, width: int, scale: float = 1.0) -> None:
         blocks = random_blocks(ggml_type, rows, width, int(generator.integers(1 << 30)), scale)
+        if ggml_type == Q.Q4_1:  # codes 0..15 above a min: a min of -8 d centres them (as Q4_0's)
+            _centre_q4_1(blocks)
         writer.add_tensor(name, blocks, raw_dtype=ggml_type)
 
     add("token_embd.weight", Q.Q8_0, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)
