@@ -194,6 +194,7 @@ RANDOM_HIDDEN, RANDOM_FFN, RANDOM_HEADS, RANDOM_KV_HEADS, RANDOM_LAYERS, RANDOM_
 # The variants of the fast-path comparison: GGUF architecture, head_dim, rope_freqs, YaRN.
 RANDOM_VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
     "llama": ("llama", 64, False, False),  # the baseline: plain Llama
+    "llama_hd128": ("llama", 128, False, False),  # plain Llama of Qwen3's head shapes: Qwen3's baseline
     "llama3": ("llama", 64, True, False),
     "qwen3": ("qwen3", 128, False, False),  # head_dim 128 at hidden 256 / 4 heads
     "smollm3": ("smollm3", 64, False, True),  # layer 3 of 4 NoPE
@@ -215,11 +216,22 @@ def _add_random_family_keys(writer: gguf.GGUFWriter, architecture: str) -> None:
         writer.add_rope_scaling_orig_ctx_len(RANDOM_CONTEXT // 4)
 
 
+def _random_blocks(ggml_type: Q, rows: int, width: int, seed: int, scale: float) -> np.ndarray:
+    """``random_blocks``, with each Q4_1 block's min (``m`` in ``d * code + m``) set to ``-8 d``: random
+    positive mins give every row the same mean, and a model of such rows answers one token everywhere."""
+    from engine.cpu.ggml_kernels import random_blocks
+
+    blocks = random_blocks(ggml_type, rows, width, seed, scale)
+    if ggml_type == Q.Q4_1:  # codes 0..15 above a min: a min of -8 d centres them (as Q4_0's)
+        halves = blocks.reshape(-1, 20)[:, :4].copy().view(np.float16)
+        halves[:, 1] = -8 * halves[:, 0]
+        blocks.reshape(-1, 20)[:, :4] = halves.view(np.uint8)
+    return blocks
+
+
 def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed: int = 0) -> Path:
     """A random-weight GGUF of ``variant`` (RANDOM_VARIANTS) whose linears have ``types`` per role
     (``tests/engine/ggml_files.py``'s roles), Q8_0 embedding and Q6_K head, as the converter names them."""
-    from engine.cpu.ggml_kernels import random_blocks
-
     architecture, dim, rope_freqs, yarn = RANDOM_VARIANTS[variant]
     generator = np.random.default_rng(seed)
     writer = gguf.GGUFWriter(path, architecture)
@@ -263,7 +275,7 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
         types = {**types, **{role: types[part] for role, (_, part) in fused.items()}}
 
     def add(name: str, ggml_type: Q, rows: int, width: int, scale: float = 1.0) -> None:
-        blocks = random_blocks(ggml_type, rows, width, int(generator.integers(1 << 30)), scale)
+        blocks = _random_blocks(ggml_type, rows, width, int(generator.integers(1 << 30)), scale)
         writer.add_tensor(name, blocks, raw_dtype=ggml_type)
 
     add("token_embd.weight", Q.Q8_0, len(BYTE_TOKENS), RANDOM_HIDDEN, scale=16.0)

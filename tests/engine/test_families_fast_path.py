@@ -6,7 +6,9 @@ the torch layers over the same C linears and the C decode attention (with the wi
 
 Random weights leave near-ties, so the top-1 agreement over 512 teacher-forced decode positions is
 compared with what plain Llama's fast path reaches on random weights of the same size
-(tests/engine/families_gguf.py, RANDOM_*), both measured here; figures in AGREEMENT_MEASURED."""
+(tests/engine/families_gguf.py, RANDOM_*; Qwen3's heads are 128 wide, so its Llama has 128-wide heads
+too), both measured here, over the positions the baseline's precision decides (NEAR_TIE_SIGMAS);
+figures in AGREEMENT_MEASURED."""
 
 from __future__ import annotations
 
@@ -39,22 +41,55 @@ TYPE_MIXES = {
     "q4_k_m": MIXED_TYPES,
     "q4_0_q4_1": {role: Q.Q4_0 if role in ("attn_q", "attn_k", "ffn_up") else Q.Q4_1 for role in MIXED_TYPES},
 }
-MEASURED_Q4_K_M = {"gemma3": 1.0, "phi3": 0.990}
-MEASURED_Q4_0_Q4_1 = {"gemma3": 1.0, "phi3": 1.0}
 AGREEMENT_MEASURED = {
-    "q4_k_m": {"llama": 0.980, "llama3": 0.984, "qwen3": 0.973, "smollm3": 0.980, **MEASURED_Q4_K_M},
-    "q4_0_q4_1": {"llama": 1.0, "llama3": 1.0, "qwen3": 1.0, "smollm3": 1.0, **MEASURED_Q4_0_Q4_1},
+    "q4_k_m": {
+        "llama": (0.980, 1.0, 396),
+        "llama_hd128": (0.973, 1.0, 400),
+        "llama3": (0.984, 1.0, 397),
+        "qwen3": (0.973, 1.0, 376),
+        "smollm3": (0.980, 1.0, 401),
+        "gemma3": (1.0, 1.0, 0),
+        "phi3": (0.990, 1.0, 398),
+    },
+    "q4_0_q4_1": {
+        "llama": (1.0, 1.0, 511),
+        "llama_hd128": (1.0, 1.0, 512),
+        "llama3": (1.0, 1.0, 512),
+        "qwen3": (1.0, 1.0, 512),
+        "smollm3": (1.0, 1.0, 512),
+        "gemma3": (1.0, 1.0, 511),
+        "phi3": (1.0, 1.0, 511),
+    },
 }
-"""Top-1 agreement with float32 over the 512 positions, measured here (AMD EPYC, AVX-512 VNNI: the
-Q4_K_M mix on the tiles' int8 activations). Qwen3's 0.973 against Llama's 0.980 is 4 positions of 512,
-other weights' near-ties (its 4 heads are 128 wide, Llama's 64). Gemma 3's logits are soft-capped at 30
-and its margins wider (median top-2 gap 0.30 over 84 distinct top-1 tokens); Phi-3's reference steps
-as the fast path does (LongRoPE's factors follow each step's reach)."""
+"""Measured here (AMD EPYC, AVX-512 VNNI: the Q4_K_M mix on the tiles' int8 activations, Q4_0/Q4_1 on
+int16): top-1 agreement with float32 over all 512 positions, over the positions its baseline decides,
+and how many those are. Over all positions Qwen3's 0.973 is its 128-wide heads, not its q/k norm: a
+plain Llama of its shapes lands on the same 0.973, and Qwen3's logit error is no larger (mean
+|fast - f32| 0.322 against Llama's 0.325 and 0.335 for the 128-wide Llama); every flip in any family
+sits at a float32 top-2 margin under 1.7 logits (of a logit spread of 22; median margin 7.6). Gemma 3's
+logits are soft-capped at 30 and its margins narrow (median 0.30): at Q4_K_M none is past what Llama's
+int8 activations move a margin by, so its Q4_K_M check counts no position (its own fast path moves
+margins 1/100 as far and agrees at all 512); its Q4_0/Q4_1 check counts 511. Phi-3's reference steps as
+the fast path does (LongRoPE's factors follow each step's reach)."""
 TORCH_LAYERS = ("gemma3",)
 """Variants the C layers decline (post-norms, GeGLU, windows): torch layers over the C linears and the
 C decode attention."""
-TOLERANCE = 0.03
-"""How far under plain Llama's agreement a family may land: a few near-ties of 512 (random weights)."""
+BASELINES = {"qwen3": "llama_hd128"}
+"""Each family's plain Llama of the same shapes (else "llama")."""
+NEAR_TIE_SIGMAS = 4.0
+"""A position whose float32 top-2 margin is under this many standard deviations of the change the
+baseline's fast path makes to a top-2 margin (over its 512 positions: 0.80 logits at Q4_K_M, 0.0009
+at Q4_0/Q4_1) is a near-tie: which of the two wins is quantization noise at the baseline's precision, not
+the model. Left out for the family and its baseline alike; the family must then agree at least as
+often as the baseline on what is left, with no allowance: one flip of a decided position more than
+the baseline's fails (no flip is measured past 1.7 logits at Q4_K_M; the cut is 3.2, 3.4 for Qwen3's
+128-wide Llama). What that catches: a Qwen3 whose normed q/k heads were rounded to 4 bits flips 2
+decided positions of its Q4_0/Q4_1 file (int16 activations: the cut is 0.003) and fails; under
+Q4_K_M's int8 activations only losses that move margins past the cut fail (q/k rounded to 7 levels:
+5 decided flips)."""
+MIN_DISTINCT_TOKENS = 32
+"""A random model whose float32 top-1 is nearly constant agrees with anything (random Q4_1 blocks'
+positive mins once made every family answer one token at all 512 positions)."""
 
 
 def _teacher_ids() -> list[int]:
@@ -125,7 +160,8 @@ def random_files(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, st
     }
 
 
-def _agreement(path: Path, variant: str) -> float:
+def _logits(path: Path, variant: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float32 and fast-path logits of the 512 teacher-forced positions."""
     ids = _teacher_ids()
     prefill = len(ids) - POSITIONS
     exact_model = load_model(path, progress=False).model
@@ -133,17 +169,43 @@ def _agreement(path: Path, variant: str) -> float:
         exact = _decoded_logits(exact_model, ids, prefill)
     else:
         exact = _float32_logits(exact_model, ids)[prefill:]
-    fast = _decoded_logits(_fast(path, variant), ids, prefill)
-    return (exact.argmax(-1) == fast.argmax(-1)).float().mean().item()
+    return exact, _decoded_logits(_fast(path, variant), ids, prefill)
+
+
+def _top2(exact: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each position's float32 top-2 tokens [positions, 2] and the margin between them."""
+    values, tokens = exact.topk(2, -1)
+    return tokens, values[:, 0] - values[:, 1]
+
+
+def _near_tie(exact: torch.Tensor, fast: torch.Tensor) -> float:
+    """NEAR_TIE_SIGMAS standard deviations of how far the fast path moves each float32 top-2 margin."""
+    tokens, margin = _top2(exact)
+    chosen = fast.gather(1, tokens)
+    return NEAR_TIE_SIGMAS * (chosen[:, 0] - chosen[:, 1] - margin).std().item()
+
+
+def _decided_agreement(exact: torch.Tensor, fast: torch.Tensor, near_tie: float) -> tuple[float, int]:
+    """Top-1 agreement over the positions whose float32 margin is at least ``near_tie``, and how many."""
+    decided = _top2(exact)[1] >= near_tie
+    flips = (decided & (exact.argmax(-1) != fast.argmax(-1))).sum().item()
+    counted = int(decided.sum().item())
+    return 1.0 - flips / max(counted, 1), counted
 
 
 @pytest.mark.parametrize("mix", sorted(TYPE_MIXES))
 def test_each_family_agrees_with_float32_as_often_as_llama(
     random_files: dict[tuple[str, str], Path], mix: str
 ) -> None:
-    measured = {variant: _agreement(random_files[variant, mix], variant) for variant in RANDOM_VARIANTS}
-    for variant, agreement in measured.items():
-        assert agreement >= measured["llama"] - TOLERANCE, (variant, measured)
+    logits = {variant: _logits(random_files[variant, mix], variant) for variant in RANDOM_VARIANTS}
+    for variant, (exact, fast) in logits.items():
+        assert exact.argmax(-1).unique().numel() >= MIN_DISTINCT_TOKENS, variant
+        baseline = BASELINES.get(variant, "llama")
+        near_tie = _near_tie(*logits[baseline])
+        theirs, counted = _decided_agreement(*logits[baseline], near_tie)
+        assert counted >= POSITIONS // 2, (baseline, near_tie)  # the baseline decides most positions
+        ours = _decided_agreement(exact, fast, near_tie)
+        assert ours[0] >= theirs, (variant, mix, near_tie, ours, theirs)
 
 
 @pytest.mark.parametrize("variant", ["qwen3", "smollm3", "phi3"])
