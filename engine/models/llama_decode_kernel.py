@@ -35,7 +35,7 @@ from engine.models.gemma3 import Gemma3DecoderLayer
 from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel, Rope
 from engine.models.phi3 import Phi3Attention, Phi3DecoderLayer, Phi3MLP
 
-# format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
+# format -> its number in decoder_layer.h (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
 _FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {
     spec.name: spec.c_id for spec in (*KERNEL_TYPES.values(), *TILED_FORMATS.values())
 }

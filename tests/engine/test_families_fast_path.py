@@ -16,12 +16,16 @@ import pytest
 import torch
 from torch import nn
 
+from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest
 from engine.cpu import kernels
 from engine.layers.attention import Attention
 from engine.layers.context import make_context, reset_context, set_context
 from engine.loader import load_model
 from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from engine.models.llama_decode_kernel import DecoderLayersKernel
+from protocol.rpc import SamplingParams
 from tests.engine.families_gguf import RANDOM_VARIANTS, RANDOM_WINDOW, write_random_family_gguf
 from tests.engine.ggml_files import MIXED_TYPES, Q
 from tests.engine.test_cpu_kernels import assert_decoder_kernel_is_the_torch_path
@@ -268,3 +272,43 @@ def test_gemma3_c_layers_are_the_torch_path_with_a_local_pool(
         finally:
             model.model.decode_kernel = kernel
     assert took == [True] * len(decodes)
+
+
+def test_gemma3_through_the_engine_takes_the_c_layers_past_the_window(
+    random_files: dict[tuple[str, str], Path],
+) -> None:
+    """Through ``LLMEngine``: the model runner's pool of the local layers' own, whose blocks out of the
+    window go back to it as the sequence runs, and speculation's draft rows. Greedy tokens over 6 windows on
+    the C layers equal those of the torch layers over the same C linears and attention, and the C layers
+    took every decode step."""
+    loaded = load_model(
+        random_files["gemma3", "q4_k_m"], progress=False, keep_gguf_int4=True, keep_gguf_blocks=True
+    )
+    assert install_cpu_kernels(loaded.model, CpuKernels.C_F32).steps_in_c
+    kernel = loaded.model.model.decode_kernel
+    took: list[bool] = []
+
+    def counted(*args: object) -> torch.Tensor | None:
+        out = kernel(*args)
+        took.append(out is not None)
+        return out
+
+    prompt, tokens = _teacher_ids()[: 2 * RANDOM_WINDOW], 4 * RANDOM_WINDOW
+
+    def greedy(decode_kernel: object) -> list[int]:
+        loaded.model.model.decode_kernel = decode_kernel
+        config = EngineConfig(
+            device="cpu", block_size=BLOCK, num_kv_blocks=64, max_num_batched_tokens=256, num_threads=1
+        )
+        engine = LLMEngine(
+            config, model=loaded.model, tokenizer=loaded.tokenizer, model_config=loaded.config, model_name="g"
+        )
+        assert engine.runner.local_kv_cache is not None
+        sampling = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        out = engine.generate([EngineRequest(request_id="r", prompt_token_ids=prompt, sampling=sampling)])
+        return [t for delta in out["r"].deltas for t in delta.token_ids]
+
+    fused = greedy(counted)
+    # every step but the prompt's (fewer steps than tokens: n-gram drafts are rows of a decode step too)
+    assert len(fused) == tokens and took[0] is False and len(took) > 1 and all(took[1:])
+    assert fused == greedy(None)
