@@ -35,13 +35,15 @@ SOURCES = tuple(
         "attention_kernels.c",
         "layer_rows.c",
         "layer_kernels.c",
+        "gated_rows.c",
+        "ternary_stack.c",
         "ternary_kernels.c",
         "ternary_activations.c",
     )
 )
 INCLUDES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_attention.inc", "kernels.h", "quant_rows.h", "layer_rows.h")
+    for name in ("paged_attention.inc", "kernels.h", "quant_rows.h", "layer_rows.h", "decoder_layer.h")
 )
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 VNNI_ENV = "TERN_CPU_VNNI"
@@ -57,7 +59,7 @@ parts), which the tests run in a second process on a machine with AVX-512."""
 
 ONE_REGION_ENV = "TERN_CPU_ONE_REGION"
 """Set to 0 to build the decode stack of ternary layers with a parallel region a kernel call
-(``TERN_NO_ONE_REGION`` in layer_kernels.c) instead of one for the whole stack: to compare the two."""
+(``TERN_NO_ONE_REGION`` in ternary_stack.c) instead of one for the whole stack: to compare the two."""
 
 
 def _flags() -> tuple[str, ...]:
@@ -139,8 +141,10 @@ def library() -> ctypes.CDLL | None:
     lib.tern_rms_norm.restype = None
     lib.tern_silu_mul.argtypes = [ptr, ptr, i64, i64, i64, ptr]
     lib.tern_silu_mul.restype = None
-    # layer, hidden, M, E, cos, sin, table_stride, slots, block_tables, width, context_lens, out
-    lib.tern_decoder_layers.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr]
+    lib.tern_gelu_tanh_mul.argtypes = [ptr, ptr, i64, i64, i64, ptr]
+    lib.tern_gelu_tanh_mul.restype = None
+    # layers, count, hidden, M, E, step (a TernDecodeStep), out
+    lib.tern_decoder_layers.argtypes = [ptr, i64, ptr, i64, i64, ptr, ptr]
     return lib
 
 

@@ -114,6 +114,7 @@ int tern_paged_decode_attention(const float *q, const void *k_cache, const void 
                                 float scale, float *out);
 void tern_rms_norm(const float *x, const float *weight, int64_t M, int64_t K, float eps, float *out);
 void tern_silu_mul(const float *gate, const float *up, int64_t M, int64_t K, int64_t stride, float *out);
+void tern_gelu_tanh_mul(const float *gate, const float *up, int64_t M, int64_t K, int64_t stride, float *out);
 
 /* float16 bits -> float32 (exact). */
 static inline float half_to_float(uint16_t h) {

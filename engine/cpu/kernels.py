@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -259,44 +260,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.reshape(x.shape)
 
 
-def decoder_layers(
-    layers: ctypes.Array,
-    hidden: torch.Tensor,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    slots: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-) -> torch.Tensor:
-    """Every decoder layer in ``layers`` (a ctypes array of their C structs, which
-    ``engine/models/llama_decode_kernel.py`` builds), one after the other, over decode rows hidden [M, E]:
-    cos and sin [M, ..., D] float32 rows, slots [M] int64, block_tables [M, width] and context_lens
-    [M] int32, as the step's context holds them."""
+def decoder_layers(layers: ctypes.Array, hidden: torch.Tensor, step: ctypes.Structure) -> torch.Tensor:
+    """Every decoder layer in ``layers`` (a ctypes array of their C structs), one after the other, over
+    decode rows hidden [M, E], the step's rows in ``step`` (a ``TernDecodeStep``):
+    ``engine/models/llama_decode_kernel.py`` builds both and keeps what they point to alive."""
     hidden = _rows(hidden)
-    if cos.dtype != torch.float32 or sin.dtype != torch.float32 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
-        raise KernelError("the decoder layers take float32 rotary tables")
-    if cos.stride(0) != sin.stride(0):
-        raise KernelError("the decoder layers take cos and sin rows the same distance apart")
-    slots = slots.to(torch.int64).contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
     rows, width = hidden.shape
     out = torch.empty_like(hidden)
     _check(
         _lib().tern_decoder_layers(
-            layers,
-            len(layers),
-            hidden.data_ptr(),
-            rows,
-            width,
-            cos.data_ptr(),
-            sin.data_ptr(),
-            cos.stride(0),
-            slots.data_ptr(),
-            tables.data_ptr(),
-            tables.shape[1],
-            lens.data_ptr(),
-            out.data_ptr(),
+            layers, len(layers), hidden.data_ptr(), rows, width, ctypes.byref(step), out.data_ptr()
         )
     )
     return out
@@ -306,14 +279,24 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up in float32, for gate and up [..., K] side by side in one tensor (the two halves
     of a stacked gate/up projection) or each contiguous. Both paths of the fast path call this one
     (torch's SiLU rounds its exponential differently from the C decoder layer's)."""
+    return _gated_mul(_lib().tern_silu_mul, gate, up)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Gemma's GeGLU, gelu_tanh(gate) * up, as :func:`silu_mul` takes its tensors: both paths of the
+    fast path call it (torch's tanh GELU rounds differently from the C decoder layer's)."""
+    return _gated_mul(_lib().tern_gelu_tanh_mul, gate, up)
+
+
+def _gated_mul(kernel: Callable[..., None], gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     k = gate.shape[-1]
     if gate.dtype != torch.float32 or up.dtype != torch.float32 or up.shape != gate.shape:
-        raise KernelError("silu_mul takes two float32 tensors of one shape")
+        raise KernelError("a gated activation takes two float32 tensors of one shape")
     gate2, up2 = gate.reshape(-1, k), up.reshape(-1, k)
     if gate2.stride(1) != 1 or up2.stride(1) != 1 or gate2.stride(0) != up2.stride(0):
         gate2, up2 = gate2.contiguous(), up2.contiguous()
     out = torch.empty(gate2.shape, dtype=torch.float32)
-    _lib().tern_silu_mul(gate2.data_ptr(), up2.data_ptr(), gate2.shape[0], k, gate2.stride(0), out.data_ptr())
+    kernel(gate2.data_ptr(), up2.data_ptr(), gate2.shape[0], k, gate2.stride(0), out.data_ptr())
     return out.reshape(gate.shape)
 
 
@@ -385,6 +368,10 @@ def paged_decode_attention_ref(
 
 def silu_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
+
+
+def gelu_tanh_mul_ref(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

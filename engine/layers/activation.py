@@ -25,7 +25,15 @@ class SiluAndMul(nn.Module):
 class GeluTanhAndMul(nn.Module):
     """Gemma's GeGLU: tanh-approximated GELU of the gate times up (transformers' ``gelu_pytorch_tanh``)."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.c_kernel = False
+        """Set on the float32 CPU fast path, as :class:`SiluAndMul`'s: the C kernel, which the C decoder
+        layer calls too."""
+
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        if self.c_kernel and gate.dtype == torch.float32:
+            return cpu_kernels.gelu_tanh_mul(gate, up)
         return F.gelu(gate, approximate="tanh") * up
 
 

@@ -130,7 +130,7 @@ class GgmlEmbedding(nn.Module):
 class StackedLinear(nn.Module):
     """Linears that read one input, side by side in the output, each on its own kernel: q/k/v or
     gate/up whose GGUF types differ (one weight cannot hold them). The C decoder layer runs them as
-    a chain of parts (layer_kernels.c, ``TernLinear.next``)."""
+    a chain of parts (decoder_layer.h, ``TernLinear.next``)."""
 
     format = "stacked"
 

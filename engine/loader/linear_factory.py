@@ -53,7 +53,7 @@ from typing import Protocol, runtime_checkable
 
 from torch import nn
 
-from engine.layers.activation import SiluAndMul
+from engine.layers.activation import GeluTanhAndMul, SiluAndMul
 from engine.layers.attention import set_decode_backend
 from engine.layers.attention_backends import CDecode
 from engine.layers.ggml_linear import GgmlLinear
@@ -173,7 +173,7 @@ def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
     if kernels is not CpuKernels.C_F32:
         return Installed(replaced, steps_in_c=False)
     for module in model.modules():
-        if isinstance(module, RMSNorm | SiluAndMul):
+        if isinstance(module, RMSNorm | SiluAndMul | GeluTanhAndMul):
             module.c_kernel = True
     set_decode_backend(model, CDecode())
     _compact_embeddings(model)

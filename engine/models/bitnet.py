@@ -55,7 +55,7 @@ class BitNetMLP(LlamaMLP):
             gate, up = self.gate_proj(x), self.up_proj(x)
         else:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        # the C decoder layer's relu2_mul computes the same (layer_kernels.c)
+        # the C decoder layer's relu2_mul computes the same (gated_rows.c)
         activated = F.relu(gate).square() * up if self.relu2 else self.act(gate, up)
         return self.down_proj(self.ffn_sub_norm(activated))
 

@@ -115,8 +115,10 @@ def _stacked_linear(owner: nn.Module, names: tuple[str, ...]) -> nn.Module | Non
     return stacked
 
 
-DecodeKernel = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor | None]
-"""(hidden, cos, sin) -> the decoder layers' output, or None where the kernel does not apply to the step."""
+Rope = tuple[torch.Tensor, torch.Tensor]
+DecodeKernel = Callable[[torch.Tensor, Rope, Rope], torch.Tensor | None]
+"""(hidden, (cos, sin), the local layers' (cos, sin)) -> the decoder layers' output, or None where the
+kernel does not apply to the step."""
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -181,9 +183,10 @@ class LlamaModel(nn.Module):
             # The residual stream in float32: 30 layers of bf16 additions lose enough to flip near-tied
             # greedy choices. Norms hand the layers bf16 again, so the GEMMs stay bf16.
             hidden = hidden.float()
-        if self.decode_kernel is not None and (out := self.decode_kernel(hidden, cos, sin)) is not None:
-            return self.norm(out)
         local = self.local_rotary_emb(positions, dtype) if self.local_layers else (cos, sin)
+        kernel = self.decode_kernel
+        if kernel is not None and (out := kernel(hidden, (cos, sin), local)) is not None:
+            return self.norm(out)
         for index, layer in enumerate(self.layers):
             hidden = layer(hidden, *(local if index in self.local_layers else (cos, sin)))
         return self.norm(hidden)

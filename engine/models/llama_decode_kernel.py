@@ -1,5 +1,5 @@
 """A Llama model's decoder layers over decode rows in one C call (``tern_decoder_layers``,
-layer_kernels.c).
+layer_kernels.c): Llama, Qwen3, SmolLM3, Phi-3, BitNet b1.58 and Gemma 3 layers.
 
 On the float32 fast path a decode step at one stream spent about as long in Python and small torch
 ops between the kernels as in the kernels, and then, with one call per layer, still a tenth of the
@@ -7,7 +7,9 @@ step in the Python around the 30 calls. For a step whose rows are all decode row
 chunk), :class:`DecoderLayersKernel` runs every layer in C: the same kernels and the same float32
 arithmetic as the layers' torch path, so a row comes out bit for bit the same either way (tested),
 and mixed steps keep the torch path. :func:`attach_decoder_kernels` gives a model whose layers are
-all plain Llama layers with their linears on the C kernels one.
+all plain Llama layers with their linears on the C kernels one. Gemma 3's sliding-window layers read
+the step's local view (their own pool's slots and block tables, ``Context.local``) and their own rotary
+tables, as its torch layers do.
 """
 
 from __future__ import annotations
@@ -22,17 +24,18 @@ from torch import nn
 
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import KERNEL_TYPES, TILED_FORMATS
-from engine.layers.activation import SiluAndMul
+from engine.layers.activation import GeluTanhAndMul, SiluAndMul
 from engine.layers.attention_backends import CDecode
-from engine.layers.context import get_context
+from engine.layers.context import Context, get_context
 from engine.layers.ggml_linear import StackedLinear
 from engine.layers.linear_protocol import Linear
 from engine.layers.ternary_linear import TernaryCpuLinear
 from engine.models.bitnet import BitNetAttention, BitNetDecoderLayer, BitNetMLP
-from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel
+from engine.models.gemma3 import Gemma3DecoderLayer
+from engine.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaMLP, LlamaModel, Rope
 from engine.models.phi3 import Phi3Attention, Phi3DecoderLayer, Phi3MLP
 
-# format -> its number in layer_kernels.c (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
+# format -> its number in decoder_layer.h (FORMAT_*); the GGML types' come from ggml_kernels.KERNEL_TYPES.
 _FORMATS = {"q4_1": 1, TernaryCpuLinear.format: 5} | {
     spec.name: spec.c_id for spec in (*KERNEL_TYPES.values(), *TILED_FORMATS.values())
 }
@@ -75,11 +78,40 @@ class _Layer(ctypes.Structure):
         ("block_size", ctypes.c_int64),
         ("attn_sub_norm", ctypes.c_void_p),  # BitNet only, else NULL
         ("ffn_sub_norm", ctypes.c_void_p),
-        ("relu2", ctypes.c_int32),
-        ("q_norm", ctypes.c_void_p),  # Qwen3 only, else NULL
+        ("activation", ctypes.c_int32),  # _ACTIVATIONS
+        ("q_norm", ctypes.c_void_p),  # Qwen3, Gemma 3, else NULL
         ("k_norm", ctypes.c_void_p),
         ("rotary", ctypes.c_int32),  # rotary dims (Phi-4-mini: 3/4 of the head); 0 on a NoPE layer (SmolLM3)
+        ("attn_out_norm", ctypes.c_void_p),  # Gemma 3 only (its post_attention_layernorm), else NULL
+        ("mlp_out_norm", ctypes.c_void_p),  # Gemma 3 only (its post_feedforward_layernorm), else NULL
+        ("window", ctypes.c_int64),  # a sliding-window layer's window (its own pool), else 0
+        ("local_rope", ctypes.c_int32),  # rotary from the local layers' tables (Gemma 3's local layers)
     ]
+
+
+class _Step(ctypes.Structure):
+    """decoder_layer.h's TernDecodeStep: a decode step's rows, in the main pool and in the sliding-window
+    layers' own (the main pool's again where the step has no local view)."""
+
+    _fields_ = [
+        ("cos", ctypes.c_void_p),
+        ("sin", ctypes.c_void_p),
+        ("local_cos", ctypes.c_void_p),
+        ("local_sin", ctypes.c_void_p),
+        ("table_stride", ctypes.c_int64),
+        ("slots", ctypes.c_void_p),
+        ("local_slots", ctypes.c_void_p),
+        ("block_tables", ctypes.c_void_p),
+        ("local_tables", ctypes.c_void_p),
+        ("width", ctypes.c_int64),
+        ("local_width", ctypes.c_int64),
+        ("context_lens", ctypes.c_void_p),
+    ]
+
+
+# The MLP's gated activation -> its number in decoder_layer.h (ACT_*); BitNet's squared ReLU is 1.
+_ACTIVATIONS = {SiluAndMul: 0, GeluTanhAndMul: 2}
+_RELU2 = 1
 
 
 def _on_c_kernel(linear: nn.Module | None) -> bool:
@@ -134,6 +166,7 @@ _LAYER_TYPES = {
     LlamaDecoderLayer: (LlamaAttention, LlamaMLP),
     BitNetDecoderLayer: (BitNetAttention, BitNetMLP),
     Phi3DecoderLayer: (Phi3Attention, Phi3MLP),  # Llama's layer with its projections fused as stored
+    Gemma3DecoderLayer: (LlamaAttention, LlamaMLP),  # Llama's blocks, with norms after them too
 }
 
 
@@ -148,10 +181,10 @@ def supports(layer: nn.Module) -> bool:
         sub_norms = (attention.attn_sub_norm, mlp.ffn_sub_norm)
         if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in sub_norms):
             return False
-    if attention.attn.window is not None:
-        return False  # the one-call C layers take no window yet (Gemma 3 declines anyway: its layers)
-    head_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
-    if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in head_norms):
+    other_norms = [norm for norm in (attention.q_norm, attention.k_norm) if norm is not None]
+    if isinstance(layer, Gemma3DecoderLayer):
+        other_norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm]
+    if not all(norm.c_kernel and norm.eps == layer.input_layernorm.eps for norm in other_norms):
         return False  # the struct holds one eps, and the C path calls the C norm
     return (
         (type(attention), type(mlp)) == _LAYER_TYPES[type(layer)]
@@ -160,26 +193,27 @@ def supports(layer: nn.Module) -> bool:
         and _on_c_kernel(mlp.gate_up_proj)
         and _on_c_kernel(mlp.down_proj)
         and isinstance(attention.attn.backend, CDecode)
-        and isinstance(mlp.act, SiluAndMul)  # the C layer computes SiLU's gate, not GeGLU's
-        and mlp.act.c_kernel
+        and type(mlp.act) in _ACTIVATIONS  # what the C layer computes (BitNet's: its own)
+        and cast(SiluAndMul | GeluTanhAndMul, mlp.act).c_kernel  # the C kernel on the torch path too
         and layer.input_layernorm.c_kernel
         and layer.post_attention_layernorm.c_kernel
         and layer.input_layernorm.eps == layer.post_attention_layernorm.eps  # the struct holds one
     )
 
 
-def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
+def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear], *, local_rope: bool) -> _Layer:
     attention, mlp = layer.self_attn, layer.mlp
     k_cache, v_cache = attention.attn.k_cache, attention.attn.v_cache
     if k_cache.dtype not in (torch.float16, torch.float32):
         raise cpu_kernels.KernelError("the decoder layer kernel takes a float16 or float32 cache")
+    pre_mlp, attn_out, mlp_out = _norms(layer)
     return _Layer(
         _linear(attention.qkv_proj, keep),
         _linear(attention.o_proj, keep),
         _linear(mlp.gate_up_proj, keep),
         _linear(mlp.down_proj, keep),
         layer.input_layernorm.weight.data_ptr(),
-        layer.post_attention_layernorm.weight.data_ptr(),
+        pre_mlp,
         layer.input_layernorm.eps,
         attention.attn.scale,
         attention.num_heads,
@@ -190,35 +224,85 @@ def _layer_struct(layer: LlamaDecoderLayer, keep: list[_Linear]) -> _Layer:
         v_cache.data_ptr(),
         int(k_cache.dtype == torch.float16),
         k_cache.shape[1],
-        *_bitnet_fields(layer),
+        *_bitnet_norms(layer),
+        _activation(mlp),
         *_head_norms(attention),
         attention.rotary_dim if attention.rotary else 0,
+        attn_out_norm=attn_out,
+        mlp_out_norm=mlp_out,
+        window=attention.attn.window or 0,
+        local_rope=int(local_rope),
     )
 
 
+def _norms(layer: LlamaDecoderLayer) -> tuple[int, int | None, int | None]:
+    """The norm before the MLP, and Gemma 3's norms of the attention's and the MLP's outputs (NULLs for
+    a layer without them). Gemma's ``post_attention_layernorm`` is the first of those, where Llama's is
+    the norm before the MLP (Gemma's ``pre_feedforward_layernorm``)."""
+    if isinstance(layer, Gemma3DecoderLayer):
+        return (
+            layer.pre_feedforward_layernorm.weight.data_ptr(),
+            layer.post_attention_layernorm.weight.data_ptr(),
+            layer.post_feedforward_layernorm.weight.data_ptr(),
+        )
+    return layer.post_attention_layernorm.weight.data_ptr(), None, None
+
+
 def _head_norms(attention: LlamaAttention) -> tuple[int | None, int | None]:
-    """Qwen3's per-head q and k norms' weights; NULLs for a layer without them."""
+    """Qwen3's and Gemma 3's per-head q and k norms' weights; NULLs for a layer without them."""
     if attention.q_norm is None or attention.k_norm is None:
         return None, None
     return attention.q_norm.weight.data_ptr(), attention.k_norm.weight.data_ptr()
 
 
-def _bitnet_fields(layer: LlamaDecoderLayer) -> tuple[int | None, int | None, int]:
-    """A BitNet layer's sub-norms and activation (engine/models/bitnet.py); NULLs for a Llama layer."""
+def _bitnet_norms(layer: LlamaDecoderLayer) -> tuple[int | None, int | None]:
+    """A BitNet layer's sub-norms (engine/models/bitnet.py); NULLs for a Llama layer."""
     if not isinstance(layer, BitNetDecoderLayer):
-        return None, None, 0
+        return None, None
     attention, mlp = layer.self_attn, layer.mlp
     assert isinstance(attention, BitNetAttention) and isinstance(mlp, BitNetMLP)
-    return attention.attn_sub_norm.weight.data_ptr(), mlp.ffn_sub_norm.weight.data_ptr(), int(mlp.relu2)
+    return attention.attn_sub_norm.weight.data_ptr(), mlp.ffn_sub_norm.weight.data_ptr()
+
+
+def _activation(mlp: LlamaMLP) -> int:
+    if isinstance(mlp, BitNetMLP) and mlp.relu2:
+        return _RELU2
+    return _ACTIVATIONS[type(mlp.act)]
+
+
+def _step(ctx: Context, rope: Rope, local_rope: Rope, keep: list[torch.Tensor]) -> _Step:
+    """The step's rows for the C call; the tensors it points to are appended to ``keep``. The sliding-
+    window layers read ``ctx.local`` where the step has one, as their torch path does (attention.py)."""
+    local = ctx.local or ctx
+    tables = (*rope, *local_rope)
+    stride = tables[0].stride(0)
+    if any(t.dtype != torch.float32 or t.stride(-1) != 1 or t.stride(0) != stride for t in tables):
+        raise cpu_kernels.KernelError("the decoder layers take float32 rotary tables, rows equally apart")
+    slots = [c.slot_mapping.to(torch.int64).contiguous() for c in (ctx, local)]  # type: ignore[union-attr]
+    blocks = [c.block_tables.to(torch.int32).contiguous() for c in (ctx, local)]  # type: ignore[union-attr]
+    lens = ctx.context_lens.to(torch.int32).contiguous()  # type: ignore[union-attr]
+    keep.extend([*slots, *blocks, lens])
+    return _Step(
+        *(t.data_ptr() for t in tables),
+        stride,
+        *(t.data_ptr() for t in slots),
+        *(t.data_ptr() for t in blocks),
+        *(t.shape[1] for t in blocks),
+        lens.data_ptr(),
+    )
 
 
 class DecoderLayersKernel:
     """Runs ``layers`` for a pure decode step in one C call; None (the caller takes the torch path)
     for any other step. The C structs hold the weights' and the caches' addresses; they are rebuilt
-    when the model runner hands the layers another cache."""
+    when the model runner hands the layers another cache. ``local_layers`` (indices) take the local
+    rotary tables (Gemma 3's sliding-window layers: their own base)."""
 
-    def __init__(self, layers: Sequence[LlamaDecoderLayer]) -> None:
+    def __init__(
+        self, layers: Sequence[LlamaDecoderLayer], local_layers: frozenset[int] = frozenset()
+    ) -> None:
         self.layers = list(layers)
+        self.local_layers = local_layers
         # Looked up once: nn.Module attribute lookups over 30 layers cost ~0.1 ms a step.
         self._attentions = [layer.self_attn.attn for layer in self.layers]
         self._structs: ctypes.Array | None = None
@@ -230,25 +314,22 @@ class DecoderLayersKernel:
         caches = [t.data_ptr() for a in self._attentions for t in (a.k_cache, a.v_cache)]
         if self._structs is None or caches != self._caches:
             self._parts: list[_Linear] = []
-            structs = [_layer_struct(layer, self._parts) for layer in self.layers]
+            structs = [
+                _layer_struct(layer, self._parts, local_rope=i in self.local_layers)
+                for i, layer in enumerate(self.layers)
+            ]
             self._structs = (_Layer * len(structs))(*structs)
             self._caches = caches
         return self._structs
 
-    def __call__(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    def __call__(self, hidden: torch.Tensor, rope: Rope, local_rope: Rope) -> torch.Tensor | None:
         ctx = get_context()
         uncached = self._attentions[0].k_cache.numel() == 0
         if ctx.num_seqs == 0 or ctx.is_prefill or uncached or hidden.dtype != torch.float32:
             return None
-        return cpu_kernels.decoder_layers(
-            self._layer_structs(),
-            hidden,
-            cos,
-            sin,
-            ctx.slot_mapping,  # type: ignore[arg-type]
-            ctx.block_tables,  # type: ignore[arg-type]
-            ctx.context_lens,  # type: ignore[arg-type]
-        )
+        keep: list[torch.Tensor] = []
+        step = _step(ctx, rope, local_rope, keep)
+        return cpu_kernels.decoder_layers(self._layer_structs(), hidden, step)
 
 
 def attach_decoder_kernels(model: nn.Module) -> bool:
@@ -256,12 +337,8 @@ def attach_decoder_kernels(model: nn.Module) -> bool:
     :class:`DecoderLayersKernel`. Returns whether one was attached."""
     attached = False
     for module in model.modules():
-        if (
-            isinstance(module, LlamaModel)
-            and len(module.layers)
-            and not module.local_layers  # the C call takes one rotary table
-            and all(map(supports, module.layers))
-        ):
-            module.decode_kernel = DecoderLayersKernel(module.layers)  # type: ignore[arg-type]
+        if isinstance(module, LlamaModel) and len(module.layers) and all(map(supports, module.layers)):
+            layers = cast(Sequence[LlamaDecoderLayer], module.layers)
+            module.decode_kernel = DecoderLayersKernel(layers, module.local_layers)
             attached = True
     return attached

@@ -204,6 +204,9 @@ RANDOM_VARIANTS: dict[str, tuple[str, int, bool, bool]] = {
 RANDOM_WINDOW = 64
 RANDOM_ROTARY = {"phi3": 48}
 """Rotary dims where they are fewer than head_dim (Phi-4-mini's partial_rotary_factor 0.75)."""
+RANDOM_GLOBAL_THETA = {"gemma3": 1_000_000.0}
+"""Rope bases other than 10,000: Gemma 3's global layers', its local layers keeping 10,000 (as Google's
+configs have them), so that a layer on the other's rotary tables shows."""
 
 
 def _add_random_family_keys(writer: gguf.GGUFWriter, architecture: str) -> None:
@@ -242,7 +245,7 @@ def write_random_family_gguf(path: Path, variant: str, types: dict[str, Q], seed
     writer.add_feed_forward_length(RANDOM_FFN)
     writer.add_head_count(RANDOM_HEADS)
     writer.add_head_count_kv(RANDOM_KV_HEADS)
-    writer.add_rope_freq_base(10000.0)
+    writer.add_rope_freq_base(RANDOM_GLOBAL_THETA.get(variant, 10000.0))
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_key_length(dim)
     writer.add_value_length(dim)

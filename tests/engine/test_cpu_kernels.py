@@ -270,6 +270,19 @@ def test_silu_mul_matches_reference() -> None:
     torch.testing.assert_close(kernels.silu_mul(extreme, extreme), kernels.silu_mul_ref(extreme, extreme))
 
 
+def test_gelu_tanh_mul_matches_reference() -> None:
+    """Gemma's GeGLU: rows wider than a vector and not a multiple of it (the scalar tail), and the tails of
+    the curve, where tanh GELU nears 0 and g."""
+    gate_up = torch.randn(3, 2 * 203) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(
+        kernels.gelu_tanh_mul(gate, up), kernels.gelu_tanh_mul_ref(gate, up), rtol=1e-5, atol=1e-6
+    )
+    extreme = torch.tensor([[-200.0, -90.0, -20.0, -3.0, 0.0, 3.0, 20.0, 90.0, 200.0, 1e-30]])
+    ones = torch.ones_like(extreme)
+    torch.testing.assert_close(kernels.gelu_tanh_mul(extreme, ones), kernels.gelu_tanh_mul_ref(extreme, ones))
+
+
 def fast_tiny_model(attention_bias: bool) -> LlamaForCausalLM:
     """The tiny Llama with int4 linears on the C kernels, as the fast path packs the default model."""
     model, _ = make_tiny_model(attention_bias=attention_bias, hidden_size=64, intermediate_size=96)

@@ -1,8 +1,8 @@
 """Llama 3.x, Qwen3, SmolLM3, Gemma 3 and Phi-3 on the CPU fast path: a GGUF's linears in their own
 blocks, every decode step through the one-call C decoder layers (q/k norm and NoPE layers in C:
-layer_rows.c; Phi-3's fused weights and Phi-4-mini's partial rotary), against the same file dequantized
-to float32 on the torch path. Gemma 3 (post-norms, GeGLU, windows) is declined by the C layers and runs
-the torch layers over the same C linears and the C decode attention (with the window).
+layer_rows.c; Phi-3's fused weights and Phi-4-mini's partial rotary; Gemma 3's norms after attention and
+the MLP, tanh GeGLU, and its local layers' window, pool and rotary tables), against the same file
+dequantized to float32 on the torch path.
 
 Random weights leave near-ties, so the top-1 agreement over 512 teacher-forced decode positions is
 compared with what plain Llama's fast path reaches on random weights of the same size
@@ -18,13 +18,17 @@ import pytest
 import torch
 from torch import nn
 
+from engine.config import EngineConfig
+from engine.core.llm_engine import LLMEngine
+from engine.core.outputs import EngineRequest
 from engine.cpu import kernels
 from engine.layers.attention import Attention
 from engine.layers.context import make_context, reset_context, set_context
 from engine.loader import load_model
 from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
 from engine.models.llama_decode_kernel import DecoderLayersKernel
-from tests.engine.families_gguf import RANDOM_VARIANTS, write_random_family_gguf
+from protocol.rpc import SamplingParams
+from tests.engine.families_gguf import RANDOM_VARIANTS, RANDOM_WINDOW, write_random_family_gguf
 from tests.engine.ggml_files import MIXED_TYPES, Q
 from tests.engine.test_cpu_kernels import assert_decoder_kernel_is_the_torch_path
 from tests.engine.test_loader_gguf import BYTE_TOKENS
@@ -69,11 +73,8 @@ plain Llama of its shapes lands on the same 0.973, and Qwen3's logit error is no
 sits at a float32 top-2 margin under 1.7 logits (of a logit spread of 22; median margin 7.6). Gemma 3's
 logits are soft-capped at 30 and its margins narrow (median 0.30): at Q4_K_M none is past what Llama's
 int8 activations move a margin by, so its Q4_K_M check counts no position (its own fast path moves
-margins 1/100 as far and agrees at all 512); its Q4_0/Q4_1 check counts 511. Phi-3's reference steps as
+margins 1/100 as far and agrees at all 512, through the C layers); its Q4_0/Q4_1 check counts 511. Phi-3's reference steps as
 the fast path does (LongRoPE's factors follow each step's reach)."""
-TORCH_LAYERS = ("gemma3",)
-"""Variants the C layers decline (post-norms, GeGLU, windows): torch layers over the C linears and the
-C decode attention."""
 BASELINES = {"qwen3": "llama_hd128"}
 """Each family's plain Llama of the same shapes (else "llama")."""
 NEAR_TIE_SIGMAS = 4.0
@@ -143,10 +144,8 @@ def _decoded_logits(model: nn.Module, ids: list[int], prefill: int) -> torch.Ten
 
 def _fast(path: Path, variant: str) -> nn.Module:
     loaded = load_model(path, progress=False, keep_gguf_int4=True, keep_gguf_blocks=True)
-    in_c = install_cpu_kernels(loaded.model, CpuKernels.C_F32).steps_in_c
-    assert in_c == (variant not in TORCH_LAYERS)
-    kernel = loaded.model.model.decode_kernel
-    assert isinstance(kernel, DecoderLayersKernel) if in_c else kernel is None
+    assert install_cpu_kernels(loaded.model, CpuKernels.C_F32).steps_in_c, variant
+    assert isinstance(loaded.model.model.decode_kernel, DecoderLayersKernel)
     return loaded.model
 
 
@@ -208,12 +207,12 @@ def test_each_family_agrees_with_float32_as_often_as_llama(
         assert ours[0] >= theirs, (variant, mix, near_tie, ours, theirs)
 
 
-@pytest.mark.parametrize("variant", ["qwen3", "smollm3", "phi3"])
+@pytest.mark.parametrize("variant", ["qwen3", "smollm3", "gemma3", "phi3"])
 def test_the_c_layers_are_the_torch_path_bit_for_bit(
     random_files: dict[tuple[str, str], Path], variant: str
 ) -> None:
     """Decode rows through the one-call C layers (q/k norm, NoPE, Phi-4-mini's partial rotary in C,
-    Phi-3's fused weights) equal the layers' torch path, in a batch of three and alone."""
+    Phi-3's fused weights, Gemma 3's layers) equal the layers' torch path, in a batch of three and alone."""
     assert_decoder_kernel_is_the_torch_path(_fast(random_files[variant, "q4_k_m"], variant))
 
 
@@ -223,22 +222,23 @@ def test_decode_rows_do_not_depend_on_the_batch_or_threads(
 ) -> None:
     """Bit for bit alone, in a batch and at 1 or 2 threads; Gemma 3's rows run past its window."""
     model = _fast(random_files[variant, "q4_k_m"], variant)
-    ids = _teacher_ids()[:40]
-    alone = _decoded_logits(model, ids, prefill=30)
+    length = RANDOM_WINDOW + 16 if variant == "gemma3" else 40
+    ids, prefill = _teacher_ids()[:length], length - 10
+    alone = _decoded_logits(model, ids, prefill)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(_decoded_logits(model, ids, prefill=30), alone)
+        assert torch.equal(_decoded_logits(model, ids, prefill), alone)
     finally:
         torch.set_num_threads(threads)
     # the same rows as the last of a batch of three sequences: bit for bit
-    assert torch.equal(_batched_last_rows(model, ids, prefill=30), alone)
+    assert torch.equal(_batched_last_rows(model, ids, prefill), alone)
 
 
 @torch.inference_mode()
 def _batched_last_rows(model: nn.Module, ids: list[int], prefill: int) -> torch.Tensor:
     """``ids`` decoded from ``prefill`` on as the third of three sequences stepping together."""
-    others = [_teacher_ids()[100:140], _teacher_ids()[200:240]]
+    others = [_teacher_ids()[100 : 100 + len(ids)], _teacher_ids()[200 : 200 + len(ids)]]
     sequences = [*others, ids]
     per = -(-len(ids) // BLOCK)
     _give_cache(model, per * len(sequences))
@@ -266,3 +266,110 @@ def _batched_last_rows(model: nn.Module, ids: list[int], prefill: int) -> torch.
     for chosen in range(3):  # each prompt alone, as the engine prefills
         step([chosen], 0, prefill)
     return torch.stack([step([0, 1, 2], p, p + 1)[2] for p in range(prefill, len(ids))])
+
+
+def test_gemma3_c_layers_are_the_torch_path_with_a_local_pool(
+    random_files: dict[tuple[str, str], Path],
+) -> None:
+    """As the model runner lays Gemma 3 out: its local layers' K/V in a pool of their own, through other
+    block tables, whose blocks out of every row's window are freed (-1, as the block manager leaves them).
+    Decode rows past the window through the C layers (local rotary tables, window, local slots and tables)
+    equal the torch path bit for bit, two sequences together and one alone, and the C layers take every
+    one of those steps."""
+    model = _fast(random_files["gemma3", "q4_k_m"], "gemma3")
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    local = [a for a in attention if a.window is not None]
+    full = [a for a in attention if a.window is None]
+    assert local and full and model.model.local_layers
+    for layers in (full, local):
+        heads, dim = model.config.num_key_value_heads, model.config.head_dim
+        pool = torch.zeros(2, len(layers), 16, BLOCK, heads, dim, dtype=local[0].cache_dtype(torch.float32))
+        for i, layer in enumerate(layers):
+            layer.k_cache, layer.v_cache = pool[0, i], pool[1, i]
+    sequences = [_teacher_ids()[:100], _teacher_ids()[200:300]]
+    tables = [list(range(7)), list(range(7, 14))]
+    local_tables = [list(range(13, 6, -1)), list(range(6, -1, -1))]  # other blocks, in another order
+    kernel = model.model.decode_kernel
+    took: list[bool] = []
+
+    def counted(*args: object) -> torch.Tensor | None:
+        out = kernel(*args)
+        took.append(out is not None)
+        return out
+
+    @torch.inference_mode()
+    def step(chosen: list[int], starts: list[int], length: int) -> torch.Tensor:
+        """``length`` new tokens of each chosen sequence from its start on."""
+        spans = [(c, p) for c, s in zip(chosen, starts, strict=True) for p in range(s, s + length)]
+        reach = [start + length - RANDOM_WINDOW for start in starts]  # the first position in the window
+        set_context(
+            make_context(
+                query_lens=[length] * len(chosen),
+                context_lens=[start + length for start in starts],
+                block_tables=[tables[c] for c in chosen],
+                slot_mapping=[tables[c][p // BLOCK] * BLOCK + p % BLOCK for c, p in spans],
+                local_block_tables=[  # a local block whose every position has left the window: freed
+                    [-1 if (b + 1) * BLOCK <= first else block for b, block in enumerate(local_tables[c])]
+                    for c, first in zip(chosen, reach, strict=True)
+                ],
+                local_slot_mapping=[local_tables[c][p // BLOCK] * BLOCK + p % BLOCK for c, p in spans],
+            )
+        )
+        tokens, positions = [sequences[c][p] for c, p in spans], [p for _, p in spans]
+        try:
+            return model(torch.tensor(tokens), torch.tensor(positions))
+        finally:
+            reset_context()
+
+    step([0], [0], 70)  # the prompts, alone, through the torch layers
+    step([1], [0], 90)
+    decodes = [([0, 1], [70 + i, 90 + i]) for i in range(4)] + [([1], [94 + i]) for i in range(3)]
+    for chosen, starts in decodes:
+        model.model.decode_kernel = counted
+        fused = step(chosen, starts, 1)
+        model.model.decode_kernel = None
+        try:
+            assert torch.equal(fused, step(chosen, starts, 1)), (chosen, starts)
+        finally:
+            model.model.decode_kernel = kernel
+    assert took == [True] * len(decodes)
+
+
+def test_gemma3_through_the_engine_takes_the_c_layers_past_the_window(
+    random_files: dict[tuple[str, str], Path],
+) -> None:
+    """Through ``LLMEngine``: the model runner's pool of the local layers' own, whose blocks out of the
+    window go back to it as the sequence runs, and speculation's draft rows. Greedy tokens over 6 windows on
+    the C layers equal those of the torch layers over the same C linears and attention, and the C layers
+    took every decode step."""
+    loaded = load_model(
+        random_files["gemma3", "q4_k_m"], progress=False, keep_gguf_int4=True, keep_gguf_blocks=True
+    )
+    assert install_cpu_kernels(loaded.model, CpuKernels.C_F32).steps_in_c
+    kernel = loaded.model.model.decode_kernel
+    took: list[bool] = []
+
+    def counted(*args: object) -> torch.Tensor | None:
+        out = kernel(*args)
+        took.append(out is not None)
+        return out
+
+    prompt, tokens = _teacher_ids()[: 2 * RANDOM_WINDOW], 4 * RANDOM_WINDOW
+
+    def greedy(decode_kernel: object) -> list[int]:
+        loaded.model.model.decode_kernel = decode_kernel
+        config = EngineConfig(
+            device="cpu", block_size=BLOCK, num_kv_blocks=64, max_num_batched_tokens=256, num_threads=1
+        )
+        engine = LLMEngine(
+            config, model=loaded.model, tokenizer=loaded.tokenizer, model_config=loaded.config, model_name="g"
+        )
+        assert engine.runner.local_kv_cache is not None
+        sampling = SamplingParams(temperature=0.0, max_tokens=tokens, ignore_eos=True)
+        out = engine.generate([EngineRequest(request_id="r", prompt_token_ids=prompt, sampling=sampling)])
+        return [t for delta in out["r"].deltas for t in delta.token_ids]
+
+    fused = greedy(counted)
+    # every step but the prompt's (fewer steps than tokens: n-gram drafts are rows of a decode step too)
+    assert len(fused) == tokens and took[0] is False and len(took) > 1 and all(took[1:])
+    assert fused == greedy(None)

@@ -311,7 +311,7 @@ def test_the_bitnet_benchmark_generators_checkpoint_loads_into_the_ternary_kerne
 
 
 def test_the_one_region_ternary_stack_is_the_same_at_any_thread_count_and_batch(tmp_path: Path) -> None:
-    """A stack of ternary layers runs in one OpenMP region (layer_kernels.c, ternary_layers): at two threads
+    """A stack of ternary layers runs in one OpenMP region (ternary_stack.c, ternary_layers): at two threads
     too, and with contexts of several attention chunks (128 keys each), every row is the layers' torch
     path's at one thread and the same alone as in a batch."""
     path = write_ternary_gguf(tmp_path / "tiny.TQ2_0.gguf", "llama", Q.TQ2_0, shared_scales=False)
