@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from engine.config import EngineConfig
 from engine.core.llm_engine import LLMEngine
@@ -40,7 +39,7 @@ from engine.layers.quant.formats import awq_gemm_from_int4
 from engine.layers.quant.swap import quantize_linears
 from engine.loader.load import LoadedModel, default_model_path, load_model
 from engine.loader.progress import ProgressBar
-from engine.loader.save import save_hf_dir
+from engine.loader.save import as_stored, save_hf_dir
 from engine.tokenizer import Tokenizer
 
 METHODS = ("awq", "rtn")
@@ -180,8 +179,10 @@ def _progress(total: int, description: str, unit: str, enabled: bool) -> Iterato
             bar.close()
 
 
-def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """AutoAWQ GEMM ``qweight``/``qzeros``/``scales`` for each ``Int4Linear``, fp16 for the rest."""
+def checkpoint_tensors(loaded: LoadedModel) -> dict[str, torch.Tensor]:
+    """AutoAWQ GEMM ``qweight``/``qzeros``/``scales`` for each ``Int4Linear``, fp16 for the rest (norms
+    as the family's checkpoints hold them: ``as_stored``)."""
+    model, config = loaded.model, loaded.config
     tensors: dict[str, torch.Tensor] = {}
     for name, module in model.named_modules():
         if isinstance(module, Int4Linear):
@@ -190,7 +191,7 @@ def checkpoint_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
             if module.bias is not None:
                 tensors[f"{name}.bias"] = module.bias.to(FLOAT_DTYPE)
     for name, param in model.named_parameters():  # tied lm_head: named once, as the embedding
-        tensors[name] = param.detach().to(FLOAT_DTYPE)
+        tensors[name] = as_stored(name, param.detach(), config).to(FLOAT_DTYPE)
     overflow = [name for name, t in tensors.items() if t.is_floating_point() and not t.isfinite().all()]
     if overflow:
         raise ValueError(f"float16 cannot hold these tensors: {overflow[:3]}")
@@ -220,7 +221,7 @@ def write_checkpoint(
         source=loaded.path,
         config=loaded.config,
         tokenizer=loaded.tokenizer,
-        tensors=checkpoint_tensors(loaded.model),
+        tensors=checkpoint_tensors(loaded),
         config_updates={
             "quantization_config": awq_quantization_config(group_size),
             "torch_dtype": str(FLOAT_DTYPE).removeprefix("torch."),

@@ -1,7 +1,9 @@
 """Tokenization (the `tokenizers` library), chat templates and UTF-8-safe streaming detokenization.
 
 A `Tokenizer` comes from a Hugging Face directory (`tokenizer.json`, `tokenizer_config.json`)
-or from a GGUF file's metadata (GPT-2-style byte-level BPE: tokens, merges, token types).
+or from a GGUF file's metadata: GPT-2-style byte-level BPE (``tokenizer.ggml.model`` "gpt2": tokens,
+merges, token types) or SentencePiece BPE with byte fallback ("llama": tokens, scores, token types;
+Llama 2, Mistral, Phi-3, Gemma 3), rebuilt as a `tokenizers` BPE whose merges follow the scores.
 """
 
 from __future__ import annotations
@@ -11,15 +13,27 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as Backend
 
 from engine.chat_template import render_chat
 
 # GGUF token types (llama.cpp's llama_token_type).
+_NORMAL = 1
+_UNKNOWN = 2
 _CONTROL = 3
 _USER_DEFINED = 4
+_UNUSED = 5
+_BYTE = 6
+_GGUF_TOKENIZERS = "'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)"
+SPACE = "\u2581"
+"""SentencePiece's spelling of a space inside its tokens."""
 
+_GPT4O_SPLIT = (  # Phi-4-mini's, o200k's (llama.cpp's "gpt-4o" pre-tokenizer)
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -36,6 +50,7 @@ _PRE_TOKENIZER_SPLITS = {
     "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,
 }
 # Pre-tokenizers that split every digit on its own before GPT-2's regex (llama.cpp's "smollm").
 _DIGIT_SPLITTING = {"smollm"}
@@ -85,29 +100,25 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, metadata: Mapping[str, Any], eos_token_ids: Sequence[int] = ()) -> Tokenizer:
-        """Rebuild the byte-level BPE tokenizer described by `tokenizer.ggml.*`."""
+        """Rebuild the tokenizer described by `tokenizer.ggml.*`: byte-level BPE or SentencePiece BPE."""
         kind = metadata.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ValueError(f"GGUF tokenizer {kind!r} is not supported; only byte-level BPE ('gpt2') is")
         tokens: list[str] = metadata["tokenizer.ggml.tokens"]
-        token_types: list[int] = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-        backend = _byte_level_bpe(
-            tokens, metadata.get("tokenizer.ggml.merges", []), metadata.get("tokenizer.ggml.pre")
-        )
-        backend.add_special_tokens(
-            [
-                AddedToken(t, special=True, normalized=False)
-                for t, k in zip(tokens, token_types, strict=True)
-                if k == _CONTROL
-            ]
-        )
-        backend.add_tokens(
-            [
-                AddedToken(t, special=False, normalized=False)
-                for t, k in zip(tokens, token_types, strict=True)
-                if k == _USER_DEFINED
-            ]
-        )
+        token_types: list[int] = metadata.get("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
+        if kind == "gpt2":
+            backend = _byte_level_bpe(
+                tokens, metadata.get("tokenizer.ggml.merges", []), metadata.get("tokenizer.ggml.pre")
+            )
+        elif kind == "llama":
+            backend = _sentencepiece_bpe(
+                tokens,
+                metadata.get("tokenizer.ggml.scores") or [0.0] * len(tokens),
+                token_types,
+                # llama.cpp's default for a SentencePiece vocabulary; Gemma's files say False
+                add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", True)),
+            )
+        else:
+            raise ValueError(f"GGUF tokenizer {kind!r} is not supported; supported: {_GGUF_TOKENIZERS}")
+        _add_gguf_added_tokens(backend, tokens, token_types)
 
         def token(key: str) -> str | None:
             index = metadata.get(f"tokenizer.ggml.{key}")
@@ -119,13 +130,13 @@ class Tokenizer:
             "unk_token": token("unknown_token_id"),
             "pad_token": token("padding_token_id"),
         }
-        bos = special["bos_token"]
-        if metadata.get("tokenizer.ggml.add_bos_token") and bos is not None:
-            backend.post_processor = processors.TemplateProcessing(
-                single=f"{bos} $A",
-                pair=f"{bos} $A {bos} $B",
-                special_tokens=[(bos, backend.token_to_id(bos))],
-            )
+        # llama.cpp adds BOS to a SentencePiece vocabulary whose file does not say otherwise
+        add_bos = metadata.get("tokenizer.ggml.add_bos_token", kind == "llama")
+        _add_bos_eos(
+            backend,
+            special["bos_token"] if add_bos else None,
+            special["eos_token"] if metadata.get("tokenizer.ggml.add_eos_token") else None,
+        )
         return cls(
             backend,
             special_tokens=special,
@@ -242,6 +253,82 @@ class IncrementalDetokenizer:
 
     def _decode(self, start: int, end: int) -> str:
         return self.tokenizer.decode(self._ids[start:end], skip_special_tokens=self.skip_special_tokens)
+
+
+def _add_gguf_added_tokens(backend: Backend, tokens: list[str], token_types: list[int]) -> None:
+    """Control tokens (and SentencePiece's unknown token) as special tokens; user-defined ones as
+    plain added tokens. llama.cpp matches both whole in the raw text before the model's own split."""
+    special = {_CONTROL, _UNKNOWN}
+    backend.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t, k in zip(tokens, token_types, strict=True)
+            if k in special
+        ]
+    )
+    backend.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, token_types, strict=True)
+            if k == _USER_DEFINED
+        ]
+    )
+
+
+def _add_bos_eos(backend: Backend, bos: str | None, eos: str | None) -> None:
+    """Encoding with special tokens puts ``bos`` before the text and ``eos`` after it (None: not)."""
+    before, after = [t for t in (bos,) if t is not None], [t for t in (eos,) if t is not None]
+    if before or after:
+        backend.post_processor = processors.TemplateProcessing(
+            single=" ".join([*before, "$A", *after]),
+            pair=" ".join([*before, "$A", *after, *before, "$B", *after]),
+            special_tokens=[(t, backend.token_to_id(t)) for t in dict.fromkeys(before + after)],
+        )
+
+
+def _sentencepiece_bpe(
+    tokens: list[str], scores: list[float], token_types: list[int], *, add_space_prefix: bool
+) -> Backend:
+    """llama.cpp's SentencePiece tokenizer (``llm_tokenizer_spm``) as a `tokenizers` BPE.
+
+    llama.cpp turns spaces into U+2581, puts one before the text (and after each special token)
+    when ``add_space_prefix`` says so, then merges, among all adjacent pairs whose concatenation is a
+    token, the one of the highest score, until none is left; a character no token holds becomes its
+    UTF-8 bytes' ``<0xXX>`` tokens. A BPE whose merges are every split of each normal token, ranked
+    by that token's score, merges in the same order (byte fallback does the rest). Decoding turns
+    U+2581 back into spaces, ``<0xXX>`` tokens into their bytes, and drops the prefix space.
+    """
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(tokens):
+        vocab.setdefault(token, index)
+    ranked: list[tuple[float, int, str, str]] = []
+    for index, (token, kind) in enumerate(zip(tokens, token_types, strict=True)):
+        if kind != _NORMAL or vocab[token] != index:
+            continue  # control, user-defined, byte and unused tokens are never formed by merging
+        for cut in range(1, len(token)):
+            left, right = token[:cut], token[cut:]
+            if left in vocab and right in vocab:
+                ranked.append((-scores[index], index, left, right))
+    ranked.sort()
+    unknown = next((t for t, k in zip(tokens, token_types, strict=True) if k == _UNKNOWN), None)
+    backend = Backend(
+        models.BPE(
+            vocab=vocab,
+            merges=[(left, right) for _, _, left, right in ranked],
+            unk_token=unknown,
+            byte_fallback=True,
+            fuse_unk=True,
+        )
+    )
+    spaces = normalizers.Replace(" ", SPACE)
+    backend.normalizer = (
+        normalizers.Sequence([normalizers.Prepend(SPACE), spaces]) if add_space_prefix else spaces
+    )
+    steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if add_space_prefix:
+        steps.append(decoders.Strip(" ", 1, 0))
+    backend.decoder = decoders.Sequence(steps)
+    return backend
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Backend:

@@ -56,6 +56,7 @@ population
 # Attributes set on a library's objects, which the library reads ------------------------------------
 _.pre_tokenizer  # tokenizers.Tokenizer
 _.post_processor
+_.normalizer  # tokenizers.Tokenizer
 _.set_vocab  # llama.cpp's HF converter calls it (bench/engine/convert_bitnet_hf.py patches it)
 _.padding_side  # transformers tokenizer
 _.pad_token

@@ -40,6 +40,7 @@ from engine.core.scheduler import Scheduler, SchedulerOutput
 from engine.core.sequence import Sequence
 from engine.core.speculative import NgramSpeculator
 from engine.layers.packed_linear import activation_dtype
+from engine.layers.rotary import fit_rotary_tables
 from engine.metrics import EngineMetrics
 from engine.model_config import ModelConfig
 from engine.structured.grammar import GrammarCompiler
@@ -80,11 +81,14 @@ class LLMEngine:
         self.model_name = config.served_model_name or model_name
         # Loaders type models as nn.Module; every engine model has the CausalLM methods the runner calls.
         self.runner = ModelRunner(cast(CausalLM, model), model_config, config, self.device, self.dtype)
+        capacity = self.runner.num_blocks * config.block_size
+        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)
+        # Rotary rows for the positions a sequence or a (warm-up) prefill step reaches, not the
+        # model's whole context; before warm-up captures graphs over the tables.
+        fit_rotary_tables(model, max(self.max_model_len, config.max_num_batched_tokens))
         # Before the engine exists, so before the server binds: /health waits for warm-up.
         self.warmup = self.runner.warm_up(config) if self.device.type == "cuda" else None
         self.block_manager = self._make_block_manager(BlockAllocator(self.runner.num_blocks))
-        capacity = self.runner.num_blocks * config.block_size
-        self.max_model_len = min(config.max_model_len or model_config.max_position_embeddings, capacity)
         max_batched = config.max_num_batched_tokens
         if not config.enable_chunked_prefill:
             max_batched = max(max_batched, self.max_model_len)

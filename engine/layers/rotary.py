@@ -4,6 +4,9 @@ partial rotary (a table narrower than the head turns its leading dims).
 
 The cos/sin table is built lazily on the device of the first positions it sees, so the module has
 no buffers: a model created on the meta device and filled by the loader needs no re-initialisation.
+It holds the positions the engine runs (:func:`fit_rotary_tables`: its max model length), not every
+one the model could (Gemma-3-1B's 32k positions are 128 MB of tables, two rope bases); each row is
+computed on its own, so a shorter table's rows are the longer one's.
 """
 
 from __future__ import annotations
@@ -130,7 +133,9 @@ class RotaryEmbedding(nn.Module):
         self.scaling = scaling
         self.freq_factors = freq_factors
         """A GGUF's ``rope_freqs``: each pair's inverse frequency divided by its factor (llama.cpp)."""
-        self._cos_sin: torch.Tensor | None = None  # [max_positions, 2, head_dim] float32
+        self.table_positions = max_positions
+        """Rows the tables hold (:meth:`fit`): the positions the engine will run."""
+        self._cos_sin: torch.Tensor | None = None  # [table_positions, 2, head_dim] float32
         self._long_cos_sin: torch.Tensor | None = None  # LongRoPE's long factors' table
         self.longrope_original = (
             int(scaling["original_max_position_embeddings"])
@@ -138,6 +143,13 @@ class RotaryEmbedding(nn.Module):
             else None
         )
         """LongRoPE's original context: sequences past it take the long factors (None: no LongRoPE)."""
+
+    def fit(self, positions: int) -> None:
+        """Hold rows for positions 0 .. ``positions`` - 1 (at most the model's); tables rebuilt lazily."""
+        rows = min(self.max_positions, positions)
+        if rows != self.table_positions:
+            self.table_positions = rows
+            self._cos_sin = self._long_cos_sin = None
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """The (cos, sin) pair :func:`apply_rotary` takes for the given positions [T]: each [T, 1, head_dim].
@@ -168,7 +180,7 @@ class RotaryEmbedding(nn.Module):
         return self._cos_sin
 
     def _cos_sin_table(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        t = torch.arange(self.max_positions, dtype=torch.float32)
+        t = torch.arange(self.table_positions, dtype=torch.float32)
         freqs = t[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         # YaRN and LongRoPE scale both (transformers' attention_scaling); a factor of 1 changes nothing.
@@ -176,6 +188,14 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos() * factor, emb.sin() * factor
         sin[:, : self.head_dim // 2] *= -1
         return torch.stack((cos, sin), dim=1)
+
+
+def fit_rotary_tables(model: nn.Module, positions: int) -> None:
+    """Size every rotary table of ``model`` to ``positions`` rows (the engine's longest sequence or
+    prefill step). Before CUDA graphs are captured: they keep the tables' addresses."""
+    for module in model.modules():
+        if isinstance(module, RotaryEmbedding):
+            module.fit(positions)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ written from what the loader built out of its metadata (the `tokenizers` object 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from engine.families import family_for_hf
 from engine.model_config import ModelConfig
 from engine.tokenizer import Tokenizer
 
@@ -27,6 +29,8 @@ _HF_MODEL_TYPES = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "SmolLM3ForCausalLM": "smollm3",
+    "Gemma3ForCausalLM": "gemma3_text",
+    "Phi3ForCausalLM": "phi3",
 }
 # Files of a source directory that describe its weights: written anew, never copied.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
@@ -60,6 +64,9 @@ def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
         "tie_word_embeddings": config.tie_word_embeddings,
         "bos_token_id": config.bos_token_id,
         "eos_token_id": _ids_value(config.eos_token_ids),
+        # A GGUF's pad id is the tokenizer's business; the configs' defaults (Phi-3's 32000, SmolLM3's
+        # 128004) would fall outside a smaller vocabulary's embedding.
+        "pad_token_id": None,
     }
     if model_type == "qwen2":
         out["use_sliding_window"] = False
@@ -73,7 +80,51 @@ def hf_config_dict(config: ModelConfig) -> dict[str, Any]:
         out["mlp_bias"] = config.mlp_bias
     if model_type == "smollm3":
         out["no_rope_layers"] = [int(i not in config.nope_layers) for i in range(config.num_hidden_layers)]
+    elif model_type == "gemma3_text":
+        out |= _gemma3_fields(config)
+    elif model_type == "phi3":
+        out |= _phi3_fields(config)
     return out
+
+
+def _gemma3_fields(config: ModelConfig) -> dict[str, Any]:
+    """Gemma 3's keys as its config.json spells them (``engine/families/gemma3.py`` reads them back):
+    each layer's kind, the local layers' window and rope base, the query scalar, the soft-cap."""
+    scale = config.attention_scale if config.attention_scale is not None else config.head_dim**-0.5
+    scalar = scale**-2.0
+    return {
+        "hidden_activation": config.hidden_act,
+        "layer_types": [
+            "sliding_attention" if i in config.sliding_layers else "full_attention"
+            for i in range(config.num_hidden_layers)
+        ],
+        "sliding_window": config.sliding_window,
+        "rope_local_base_freq": config.rope_local_theta or config.rope_theta,
+        # an integer in every Gemma config; the round trip through ** -0.5 leaves an ulp or two
+        "query_pre_attn_scalar": round(scalar) if abs(scalar - round(scalar)) < 1e-6 else scalar,
+        "final_logit_softcapping": config.final_logit_softcap,
+        "attn_logit_softcapping": None,
+    }
+
+
+def _phi3_fields(config: ModelConfig) -> dict[str, Any]:
+    """Phi-3's keys: rotary over the leading ``partial_rotary_factor`` of each head, and LongRoPE's
+    factors (``engine/families/phi3.py``). No sliding window: the engine runs Phi-3 without one."""
+    rotary = config.rotary_dim or config.head_dim
+    partial = rotary / config.head_dim
+    while int(config.head_dim * partial) < rotary:  # read back as int(head_dim * factor)
+        partial = math.nextafter(partial, 1.0)
+    fields: dict[str, Any] = {"partial_rotary_factor": partial, "sliding_window": None}
+    scaling = config.rope_scaling
+    if scaling is not None and scaling.get("rope_type") == "longrope":
+        fields["original_max_position_embeddings"] = scaling["original_max_position_embeddings"]
+        fields["rope_scaling"] = {
+            "type": "longrope",
+            "short_factor": list(scaling["short_factor"]),
+            "long_factor": list(scaling["long_factor"]),
+            "attention_factor": scaling["attention_factor"],
+        }
+    return fields
 
 
 def save_hf_dir(
@@ -90,6 +141,7 @@ def save_hf_dir(
 
     `source` is the checkpoint the model was loaded from; `config_updates` are merged into its
     `config.json` (e.g. a `quantization_config`); `metadata` goes in the safetensors header.
+    `tensors` are named and valued as the checkpoint holds them (:func:`as_stored`).
     """
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
@@ -106,6 +158,16 @@ def save_hf_dir(
         out / WEIGHTS_FILE,
         metadata={"format": "pt", **(metadata or {})},
     )
+
+
+def as_stored(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """A model's parameter as a Hugging Face checkpoint of its family stores it: norms less the offset
+    the loader adds (Gemma's ``1 + w``: ``Family.hf_norm_offset``), in float32 (cast after, not before:
+    ``1 + w`` in float16 would round ``w`` to a thousandth)."""
+    offset = family_for_hf(config.architecture).hf_norm_offset
+    if not offset or not name.endswith("norm.weight"):
+        return tensor
+    return tensor.float() - offset
 
 
 def _copy_non_weight_files(source: Path, out: Path) -> None:

@@ -19,6 +19,7 @@ or quantized by ``gguf.quants`` where it can.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,12 +58,12 @@ _FAMILY_NAMES = {
 }
 
 
-def tiny_family_model(architecture: str, layers: int | None = None) -> Any:
-    """The family's tiny transformers model over the byte vocabulary (seeded)."""
+def tiny_family_model(architecture: str, layers: int | None = None, vocab_size: int | None = None) -> Any:
+    """The family's tiny transformers model over the byte vocabulary, or one of ``vocab_size`` (seeded)."""
     import transformers
 
     config_class, overrides = TINY_VARIANTS[FAMILY_VARIANTS[architecture][0]]
-    fields = {**TINY_COMMON, **overrides, "vocab_size": len(BYTE_TOKENS)}
+    fields = {**TINY_COMMON, **overrides, "vocab_size": vocab_size or len(BYTE_TOKENS)}
     if layers is not None:
         fields["num_hidden_layers"] = layers
     torch.manual_seed(sum(map(ord, architecture)))
@@ -145,14 +146,21 @@ def _add_hyperparameters(writer: gguf.GGUFWriter, config: Any) -> None:
     writer.add_rope_dimension_count(rope_dims)
 
 
-def write_family_gguf(model: Any, architecture: str, path: Path, linear_type: Q = Q.F32) -> Path:
-    """``model`` converted as llama.cpp's converter does; its 2-D weights in ``linear_type``."""
+def write_family_gguf(
+    model: Any,
+    architecture: str,
+    path: Path,
+    linear_type: Q = Q.F32,
+    vocabulary: Callable[[gguf.GGUFWriter], None] = add_byte_tokenizer,
+) -> Path:
+    """``model`` converted as llama.cpp's converter does; its 2-D weights in ``linear_type``; its
+    tokenizer keys written by ``vocabulary`` (the byte-level one unless told)."""
     config = model.config
     permuted = FAMILY_VARIANTS[architecture][1]
     writer = gguf.GGUFWriter(path, architecture)
     writer.add_name(f"tiny {architecture}")
     _add_hyperparameters(writer, config)
-    add_byte_tokenizer(writer)
+    vocabulary(writer)
     for name, tensor in model.state_dict().items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue  # not in the checkpoint: tied

@@ -7,6 +7,7 @@ checked by tests/engine/test_parity_hf.py (TINY_VARIANTS "llama3", "qwen3", "smo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +107,27 @@ def test_the_config_round_trips_through_a_hugging_face_config(family_pair: tuple
         with pytest.raises(ValueError, match="rope_freqs"):
             hf_config_dict(config)
         return
-    if config.architecture in ("Gemma3ForCausalLM", "Phi3ForCausalLM"):
-        # Their configs (layer types, query scalar, LongRoPE factors) have no writer yet: a clear
-        # refusal, never a config.json that reads back as another model.
-        with pytest.raises(ValueError, match=f"cannot write a Hugging Face config for {config.architecture}"):
-            hf_config_dict(config)
-        return
     assert ModelConfig.from_hf_dict(hf_config_dict(config)) == config
+
+
+def test_transformers_reads_the_written_config_as_the_same_model(
+    family_pair: tuple[LoadedModel, Any], tmp_path: Path
+) -> None:
+    """transformers builds the model the written config.json describes (Gemma 3's layer types,
+    window, local rope base, query scalar and soft-cap; Phi-3's LongRoPE and partial rotary): with
+    the source's weights, its greedy tokens are the source's."""
+    import transformers
+
+    loaded, hf_model = family_pair
+    if loaded.config.rope_freq_factors is not None:
+        pytest.skip("a rope_freqs tensor has no config.json form (refused above)")
+    (tmp_path / "config.json").write_text(json.dumps(hf_config_dict(loaded.config)))
+    rebuilt = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    rebuilt.load_state_dict(hf_model.state_dict())
+    rebuilt.eval()
+    ids = loaded.tokenizer.encode(PROMPTS[2])
+    assert type(rebuilt) is type(hf_model)
+    assert hf_greedy(rebuilt, ids, GREEDY_TOKENS) == hf_greedy(hf_model, ids, GREEDY_TOKENS)
 
 
 def _llama3_vocabulary_metadata() -> dict[str, Any]:
@@ -180,3 +195,33 @@ def test_a_prompt_past_longropes_original_context_in_chunks_gives_transformers_t
     ids = loaded.tokenizer.encode(" ".join(PROMPTS))
     assert len(ids) > 64 + 36  # past the original context, and more than one 64-token chunk
     assert engine_greedy(loaded, [ids], GREEDY_TOKENS) == [hf_greedy(hf_model, ids, GREEDY_TOKENS)]
+
+
+@pytest.mark.parametrize(
+    ("variant", "architecture"), [("gemma3_layer_types", "Gemma3ForCausalLM"), ("phi3", "Phi3ForCausalLM")]
+)
+def test_a_hugging_face_config_round_trips_with_its_layer_types_and_longrope(
+    variant: str, architecture: str, tmp_path: Path
+) -> None:
+    """A config read from config.json (Gemma 3 with its own layer_types and query scalar 24; Phi-3's
+    LongRoPE) is written back as one transformers builds the same model from."""
+    import torch
+    import transformers
+
+    from tests.engine.conftest import TINY_COMMON, TINY_VARIANTS, randomize_norms
+
+    config_class, overrides = TINY_VARIANTS[variant]
+    source = getattr(transformers, config_class)(
+        **{**TINY_COMMON, **overrides, "vocab_size": len(BYTE_TOKENS)}
+    )
+    ours = ModelConfig.from_hf_dict({**source.to_dict(), "architectures": [architecture]})
+    written = hf_config_dict(ours)
+    assert ModelConfig.from_hf_dict(written) == ours
+    torch.manual_seed(0)
+    original = transformers.AutoModelForCausalLM.from_config(source).eval()
+    randomize_norms(original)
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    rebuilt = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(tmp_path))
+    rebuilt.load_state_dict(original.state_dict())
+    ids = [5, 80, 120, 33, 7, 200, 64, 9, 150, 42] * 8  # past Gemma's window and Phi-3's original context
+    assert hf_greedy(rebuilt.eval(), ids, 8) == hf_greedy(original, ids, 8)

@@ -270,6 +270,8 @@ def test_unsupported_tokenizer_is_refused(tiny_gguf: tuple[Path, dict[str, np.nd
     from engine.tokenizer import Tokenizer
 
     metadata: dict[str, Any] = dict(read_metadata(open_gguf(tiny_gguf[0])))
-    metadata["tokenizer.ggml.model"] = "llama"
-    with pytest.raises(ValueError, match="only byte-level BPE"):
+    metadata["tokenizer.ggml.model"] = "t5"  # Unigram: no family the engine runs has one
+    with pytest.raises(
+        ValueError, match=r"GGUF tokenizer 't5' is not supported; supported: 'gpt2' .* 'llama'"
+    ):
         Tokenizer.from_gguf_metadata(metadata)

@@ -199,6 +199,28 @@ def test_gguf_source_keeps_config_tokenizer_and_chat_template(tmp_path: Path) ->
     )
 
 
+@pytest.mark.parametrize("architecture", ["gemma3", "phi3"])
+def test_gemma3_and_phi3_gguf_sources_write_checkpoints_that_read_back(
+    architecture: str, tmp_path: Path
+) -> None:
+    """Their config.json (layer types, window, query scalar; LongRoPE, partial rotary) reads back to
+    the GGUF's config, and the weights to the same model: Gemma's norms written as ``w`` (the model
+    holds ``1 + w``), Phi-3's fused projections under their own names."""
+    from tests.engine.families_gguf import tiny_family_model, write_family_gguf
+
+    source = write_family_gguf(
+        tiny_family_model(architecture), architecture, tmp_path / f"{architecture}.gguf"
+    )
+    out = tmp_path / "int4"
+    assert main(["--model", str(source), "--method", "rtn", "--group-size", "32", "--out", str(out)]) == 0
+    original = load_model(source, "cpu", torch.float32, progress=False)
+    loaded = load_model(out, "cpu", torch.float32, progress=False)
+    assert loaded.config == original.config
+    assert json.loads((out / "config.json").read_text())["architectures"] == [original.config.architecture]
+    ids = [5, 9, 200, 31, 77, 12, 140, 3] * 3  # past Gemma's window of 6
+    assert relative_error(logits(loaded, ids), logits(original, ids)) < MAX_RELATIVE_ERROR
+
+
 def test_sharded_qwen2_source(tiny_model_dir: Callable[[str], Path], tmp_path: Path) -> None:
     """q/k/v biases; the source's shards and index are not copied, one model.safetensors is written."""
     source = tiny_model_dir("qwen2")

@@ -92,3 +92,57 @@ def test_rotation_matches_transformers(params: dict[str, Any]) -> None:
     cos, sin = rope(positions, torch.float32)
     torch.testing.assert_close(apply_rotary(q, cos, sin), hf_q[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(apply_rotary(k, cos, sin), hf_k[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_shorter_table_holds_the_longer_ones_rows() -> None:
+    """Each row is computed on its own: fitting a table to fewer positions changes no value."""
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    rotary = RotaryEmbedding(16, 4096, 10000.0, scaling)
+    positions = torch.tensor([0, 1, 63, 64, 200, 299])
+    full = rotary(positions, torch.float32)
+    rotary.fit(300)
+    fitted = rotary(positions, torch.float32)
+    assert rotary._cos_sin is not None and rotary._cos_sin.shape[0] == 300
+    assert all(torch.equal(a, b) for a, b in zip(full, fitted, strict=True))
+    rotary.fit(10**6)  # never past the model's positions
+    assert rotary.table_positions == 4096
+
+
+@pytest.mark.parametrize("architecture", ["gemma3", "phi3"])
+def test_the_engine_sizes_rotary_tables_to_its_max_model_len(architecture: str, tmp_path: Any) -> None:
+    """Gemma 3's two tables (global and local rope bases) and Phi-3's two (LongRoPE's short and long
+    factors) hold the engine's max model length, not the model's 512 positions, and its greedy tokens
+    on a sequence that runs to that length are still transformers'."""
+    from engine.config import EngineConfig
+    from engine.core.llm_engine import LLMEngine
+    from engine.loader import load_model
+    from engine.serving.frames import generate_frames
+    from protocol.rpc import DeltaFrame, GenerateRequest, SamplingParams
+    from tests.engine.families_gguf import tiny_family_model, write_family_gguf
+    from tests.engine.test_parity_hf import hf_greedy
+
+    hf_model = tiny_family_model(architecture)
+    loaded = load_model(write_family_gguf(hf_model, architecture, tmp_path / "tiny.gguf"), progress=False)
+    assert loaded.config.max_position_embeddings > 96
+    engine = LLMEngine(
+        EngineConfig(
+            device="cpu", max_model_len=96, max_num_batched_tokens=32, num_kv_blocks=16, num_threads=1
+        ),
+        model=loaded.model,
+        tokenizer=loaded.tokenizer,
+        model_config=loaded.config,
+        model_name=loaded.name,
+    )
+    prompt = [(7 * i) % 250 + 3 for i in range(80)]  # past the window and LongRoPE's original context
+    sampling = SamplingParams(temperature=0.0, max_tokens=15, ignore_eos=True)
+    frames = generate_frames(engine, [GenerateRequest(request_id="r", prompt=prompt, sampling=sampling)])["r"]
+    tokens = [t for f in frames if isinstance(f, DeltaFrame) for t in f.token_ids]
+    assert tokens == hf_greedy(hf_model, prompt, 15)
+    tables = [
+        table
+        for module in loaded.model.modules()
+        if isinstance(module, RotaryEmbedding)
+        for table in (module._cos_sin, module._long_cos_sin)
+        if table is not None
+    ]
+    assert len(tables) == 2 and all(table.shape[0] == 96 for table in tables)

@@ -160,3 +160,23 @@ def test_digits_split_individually_like_llama_cpp(default_tokenizer: Tokenizer) 
 def test_hf_dir_without_tokenizer_json_is_refused(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"no tokenizer\.json"):
         Tokenizer.from_hf_dir(tmp_path)
+
+
+def test_phi4_minis_gpt4o_split() -> None:
+    """Phi-4-mini's GGUF says pre-tokenizer "gpt-4o" (o200k's regex): camel case and contractions stay
+    with their word, numbers go three digits at a time; GPT-2's regex, the fallback, does neither."""
+    from tests.engine.test_loader_gguf import BYTE_TOKENS
+
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": BYTE_TOKENS,
+        "tokenizer.ggml.merges": [],
+    }
+    text = "HelloWorld's 12345 don't"
+    pieces = {}
+    for pre in ("gpt-4o", "gpt2"):
+        backend = Tokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.pre": pre}).backend
+        assert backend.pre_tokenizer is not None
+        pieces[pre] = [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
+    assert pieces["gpt-4o"] == ["Hello", "World's", "Ġ", "123", "45", "Ġdon't"]
+    assert pieces["gpt2"] == ["HelloWorld", "'s", "Ġ12345", "Ġdon", "'t"]
