@@ -233,7 +233,7 @@ static inline __attribute__((always_inline)) void row16(const uint8_t *w, int64_
         const uint8_t *q = block + 64; /* the packed scales and mins */
         __m256 part_a = _mm256_setzero_ps(), part_b = _mm256_setzero_ps();
         for (int j = 0; j < 8; j++) {
-            for (int line = 0; line < TILE_BYTES / 8 + 64; line += 64)
+            for (int line = 0; line < TILE_BYTES / 8; line += 64) /* an eighth of a tile: 4.5 (5.5) lines */
                 _mm_prefetch((const char *)block + 2 * TILE_BYTES + TILE_BYTES / 8 * j + line, _MM_HINT_T0);
             __m256i dot_a, dot_b;
             subblock16(block, j, xs + 32 * j, &dot_a, &dot_b, Q5);
