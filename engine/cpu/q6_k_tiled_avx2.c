@@ -30,22 +30,63 @@ static inline __m256i quad(const int8_t *bytes) {
     return _mm256_set1_epi32(four);
 }
 
-/* The integer dot product of a scale's 16 elements of 8 columns (q0 .. q3: elements 4p .. 4p + 3) with
- * a row's 16 activations xs. */
-static inline __attribute__((always_inline)) __m256i dot16(__m256i q0, __m256i q1, __m256i q2, __m256i q3,
-                                                           const int8_t *xs) {
+/* The integer dot product of a scale's 16 elements of 8 columns (q[p]: elements 4p .. 4p + 3) with a
+ * row's 16 activations, each 4 of them broadcast (xq[p]). */
+static inline __attribute__((always_inline)) __m256i dot16(const __m256i *q, const __m256i *xq) {
 #ifdef TERN_VNNI_256
-    __m256i even = tern_dpbusd256(_mm256_setzero_si256(), q0, quad(xs));
-    __m256i odd = tern_dpbusd256(_mm256_setzero_si256(), q1, quad(xs + 4));
-    even = tern_dpbusd256(even, q2, quad(xs + 8));
-    odd = tern_dpbusd256(odd, q3, quad(xs + 12));
+    __m256i even = tern_dpbusd256(_mm256_setzero_si256(), q[0], xq[0]);
+    __m256i odd = tern_dpbusd256(_mm256_setzero_si256(), q[1], xq[1]);
+    even = tern_dpbusd256(even, q[2], xq[2]);
+    odd = tern_dpbusd256(odd, q[3], xq[3]);
     return _mm256_add_epi32(even, odd);
 #else
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i first = _mm256_add_epi16(_mm256_maddubs_epi16(q0, quad(xs)), _mm256_maddubs_epi16(q1, quad(xs + 4)));
-    const __m256i second = _mm256_add_epi16(_mm256_maddubs_epi16(q2, quad(xs + 8)), _mm256_maddubs_epi16(q3, quad(xs + 12)));
+    const __m256i first = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], xq[0]), _mm256_maddubs_epi16(q[1], xq[1]));
+    const __m256i second = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], xq[2]), _mm256_maddubs_epi16(q[3], xq[3]));
     return _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones));
 #endif
+}
+
+/* A row's 16 activations from xs, each 4 broadcast. */
+static inline __attribute__((always_inline)) void broadcast16(const int8_t *xs, __m256i *xq) {
+    for (int p = 0; p < 4; p++) xq[p] = quad(xs + 4 * p);
+}
+
+/* The 6-bit codes of scale h (elements 16h .. 16h + 15) of half H's 8 columns: q[p] elements 4p .. 4p + 3. */
+static inline __attribute__((always_inline)) void codes(const uint8_t *block, int h, const int H, __m256i *q) {
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 128 * h + 32 * H));
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 128 * h + 64 + 32 * H));
+    const __m256i hi = _mm256_loadu_si256((const __m256i *)(block + HIGH_OFFSET + 64 * h + 32 * H));
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hi, 4), top2));
+    q[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(_mm256_slli_epi16(hi, 2), top2));
+    q[2] = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hi, top2));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(hi, 2), top2));
+}
+
+/* Scale h of half H's 8 columns, d * sc_h, as floats. */
+static inline __attribute__((always_inline)) __m256 scale(const uint8_t *block, __m256 d, int h, const int H) {
+    const __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 32 + 16 * h + HALF_N * H));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+}
+
+/* Half H's 8 columns' scales 2p and 2p + 1 paired in a lane (p = 0 .. 7), for vpmaddwd. */
+static inline __attribute__((always_inline)) void paired_scales(const uint8_t *block, const int H, __m256i *paired) {
+    for (int p = 0; p < 8; p++) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(block + 32 + 32 * p));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(block + 48 + 32 * p));
+        paired[p] = _mm256_cvtepi8_epi16(H ? _mm_unpackhi_epi8(a, b) : _mm_unpacklo_epi8(a, b));
+    }
+}
+
+/* A super-block's end for a row: the -32 off, once, in integers (the columns' paired scales against the
+ * row's 16-sums, vpmaddwd as vpdpwssd there), then the row's scale. */
+static inline __attribute__((always_inline)) __m256 close_block(const __m256i *paired, __m256 d, const int16_t *sums,
+                                                                float xd, __m256 part, __m256 acc) {
+    __m256i offset = _mm256_madd_epi16(paired[0], quad((const int8_t *)sums));
+    for (int p = 1; p < 8; p++) offset = _mm256_add_epi32(offset, _mm256_madd_epi16(paired[p], quad((const int8_t *)(sums + 2 * p))));
+    part = _mm256_fnmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(32.0f)), _mm256_cvtepi32_ps(offset), part);
+    return _mm256_fmadd_ps(part, _mm256_set1_ps(xd), acc);
 }
 
 /* RR rows of x from r0 against half H of tile t (columns 16 t + 8 H ..): q6_k_tiled_kernels.c's tile. */
@@ -54,49 +95,63 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
                                                        const int H) {
     __m256 acc[4];
     for (int i = 0; i < RR; i++) acc[i] = _mm256_setzero_ps();
-    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
         const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * H)));
-        __m256i scales[8]; /* the 8 columns' scales 2p and 2p + 1 paired in a lane, for vpmaddwd */
-        for (int p = 0; p < 8; p++) {
-            const __m128i a = _mm_loadu_si128((const __m128i *)(block + 32 + 32 * p));
-            const __m128i b = _mm_loadu_si128((const __m128i *)(block + 48 + 32 * p));
-            scales[p] = _mm256_cvtepi8_epi16(H ? _mm_unpackhi_epi8(a, b) : _mm_unpacklo_epi8(a, b));
-        }
         __m256 part[4];
         for (int i = 0; i < RR; i++) part[i] = _mm256_setzero_ps();
 #pragma GCC unroll 2
         for (int h = 0; h < 16; h++) { /* elements 16h .. 16h + 15: scale h */
             for (int line = 0; line < 256 && H == 0; line += 64) /* the first half's pass streams the tile */
                 _mm_prefetch((const char *)block + 2 * TILE_BYTES + 210 * h + line, _MM_HINT_T0);
-            const __m128i sc = _mm_loadl_epi64((const __m128i *)(block + 32 + 16 * h + HALF_N * H));
-            const __m256 scale = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 128 * h + 32 * H));
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(block + LOW_OFFSET + 128 * h + 64 + 32 * H));
-            const __m256i hi = _mm256_loadu_si256((const __m256i *)(block + HIGH_OFFSET + 64 * h + 32 * H));
-            const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hi, 4), top2));
-            const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4),
-                                               _mm256_and_si256(_mm256_slli_epi16(hi, 2), top2));
-            const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hi, top2));
-            const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4),
-                                               _mm256_and_si256(_mm256_srli_epi16(hi, 2), top2));
+            const __m256 sc = scale(block, d, h, H);
+            __m256i q[4], xq[4];
+            codes(block, h, H, q);
             for (int i = 0; i < RR; i++) {
-                const __m256i dot = dot16(q0, q1, q2, q3, x->qs + (r0 + i) * K + s * QK_K + 16 * h);
-                part[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, part[i]);
+                broadcast16(x->qs + (r0 + i) * K + s * QK_K + 16 * h, xq);
+                part[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot16(q, xq)), sc, part[i]);
             }
         }
-        const __m256 d32 = _mm256_mul_ps(d, _mm256_set1_ps(32.0f));
-        for (int i = 0; i < RR; i++) {
-            const int16_t *sums = x->sums + (r0 + i) * (K / 16) + s * 16;
-            __m256i offset = _mm256_madd_epi16(scales[0], quad((const int8_t *)sums));
-            for (int p = 1; p < 8; p++)
-                offset = _mm256_add_epi32(offset, _mm256_madd_epi16(scales[p], quad((const int8_t *)(sums + 2 * p))));
-            part[i] = _mm256_fnmadd_ps(d32, _mm256_cvtepi32_ps(offset), part[i]);
-            acc[i] = _mm256_fmadd_ps(part[i], _mm256_set1_ps(x->d[(r0 + i) * (K / QK_K) + s]), acc[i]);
-        }
+        __m256i paired[8];
+        paired_scales(block, H, paired);
+        for (int i = 0; i < RR; i++)
+            acc[i] = close_block(paired, d, x->sums + (r0 + i) * (K / 16) + s * 16, x->d[(r0 + i) * (K / QK_K) + s],
+                                 part[i], acc[i]);
     }
     for (int i = 0; i < RR; i++) _mm256_storeu_ps(out + (r0 + i) * N + t * TILE_N + HALF_N * H, acc[i]);
+}
+
+/* Row r of x against both halves of tile t in one pass (a decode step's one row): the row's
+ * activations broadcast once for 16 columns, the tile read once, the loop run once (callgrind:
+ * docs/engine.md, "GGUF types"); each half's operations are the tile's above, in its order. */
+static inline __attribute__((always_inline)) void row16(const uint8_t *w, int64_t nsb, int64_t t, const TernQ8KRows *x,
+                                                        int64_t r, int64_t N, int64_t K, float *out) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (int64_t s = 0; s < nsb; s++) {
+        const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
+        const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)block));
+        const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16)));
+        __m256 part0 = _mm256_setzero_ps(), part1 = _mm256_setzero_ps();
+        for (int h = 0; h < 16; h++) {
+            for (int line = 0; line < 256; line += 64)
+                _mm_prefetch((const char *)block + 2 * TILE_BYTES + 210 * h + line, _MM_HINT_T0);
+            __m256i q[4], xq[4];
+            broadcast16(x->qs + r * K + s * QK_K + 16 * h, xq);
+            codes(block, h, 0, q);
+            part0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot16(q, xq)), scale(block, d0, h, 0), part0);
+            codes(block, h, 1, q);
+            part1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot16(q, xq)), scale(block, d1, h, 1), part1);
+        }
+        const int16_t *sums = x->sums + r * (K / 16) + s * 16;
+        const float xd = x->d[r * (K / QK_K) + s];
+        __m256i paired[8];
+        paired_scales(block, 0, paired);
+        acc0 = close_block(paired, d0, sums, xd, part0, acc0);
+        paired_scales(block, 1, paired);
+        acc1 = close_block(paired, d1, sums, xd, part1, acc1);
+    }
+    _mm256_storeu_ps(out + r * N + t * TILE_N, acc0);
+    _mm256_storeu_ps(out + r * N + t * TILE_N + HALF_N, acc1);
 }
 
 #define HALVES(RR)                                  \
@@ -121,7 +176,7 @@ int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *
         switch (M - r0) {
         case 3: HALVES(3); break;
         case 2: HALVES(2); break;
-        case 1: HALVES(1); break;
+        case 1: row16(w, nsb, t, &q, r0, N, K, out); break;
         default: break;
         }
     }
