@@ -16,6 +16,7 @@ family the engine loads.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -134,6 +135,11 @@ def _tokenizer_dir(into: Path) -> None:
 
     gguf = default_model_path()
     AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(into)
+    # SmolLM2's vocabulary is GPT-2 byte-level BPE, and saying so is what sends the converter's Phi-3
+    # class to the tokenizer.json path (Phi-4-mini's own tokenizer_config.json says the same)
+    config_file = into / "tokenizer_config.json"
+    config = json.loads(config_file.read_text())
+    config_file.write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}, indent=2))
 
 
 def write(shape: str, out: Path, seed: int = 0) -> None:
