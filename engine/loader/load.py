@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.cpu import kernels as cpu_kernels
+from engine.cpu import kernels as c_kernel_lib
 from engine.families import family_for_hf
-from engine.layers.attention import set_decode_backend
-from engine.layers.attention_backends import TritonDecode
 from engine.layers.quant.checkpoint import (
     QuantizedTensors,
     apply_quantization,
@@ -26,7 +24,9 @@ from engine.layers.quant.checkpoint import (
     resolve_quant,
 )
 from engine.loader import gguf_file, safetensors_files
+from engine.loader.build_plan import BuildPlan, CpuKernels, apply_forms, build_plan
 from engine.loader.ggml_modules import GgmlBlocks
+from engine.loader.linear_factory import finish_linears
 from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan, keep_policy
 from engine.loader.progress import ProgressBar
 from engine.model_config import ROPE_FREQS_TENSOR, ModelConfig
@@ -53,7 +53,7 @@ class LoadedModel:
     """The name the model is served under (file stem without quant suffix, or directory name)."""
     path: Path
     steps_in_c: bool = False
-    """Decode steps run as one C call (set where the loader installed the C kernels: serving.py)."""
+    """Decode steps run as one C call (where ``load_model``'s ``cpu_kernels`` are the C kernels)."""
     kernel_paths: dict[str, str] = field(default_factory=dict)
     """On the C kernels (serving.py): each GGML type's path on this CPU and the tiles' instruction set
     (``ggml_kernels.serving_paths``), for the startup log and /health; empty off them."""
@@ -85,6 +85,7 @@ def load_model(
     quant: str = "auto",
     keep_gguf_int4: bool = False,
     keep_gguf_blocks: bool = False,
+    cpu_kernels: CpuKernels | None = None,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA.
 
@@ -94,7 +95,10 @@ def load_model(
     the C kernels build, ternary linears (a GGUF's TQ1_0/TQ2_0 ones, a packed BitNet checkpoint's) load
     straight into the ternary C kernel's ``TernaryCpuLinear``. With `keep_gguf_blocks` (float32 on the
     C kernels), every linear, embedding and head whose GGML type has a C kernel stays in its own
-    blocks too (`engine/loader/ggml_modules.py`)."""
+    blocks too (`engine/loader/ggml_modules.py`). `cpu_kernels` (the serving plan's kernel set, on CPU)
+    decides every module's final form before the fill (`engine/loader/build_plan.py`): the norms',
+    activation's and decode attention's kernels go on the modules as they are built, and the linear
+    table finishes the linears after it."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
@@ -103,7 +107,7 @@ def load_model(
     method = resolve_quant(quant, detected)
     # The fast path's ternary weights (a TQ1_0/TQ2_0 GGUF's, a BitNet checkpoint's) go to the ternary C
     # kernel as they are loaded: two bits a weight, no float or int8 copy of the model.
-    ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
+    ternary_kernel = keep_gguf_int4 and device.type == "cpu" and c_kernel_lib.available()
     keep = keep_policy(
         method=method,
         quant=quant,
@@ -112,7 +116,8 @@ def load_model(
         own_blocks=keep_gguf_blocks,
         c_kernels=ternary_kernel,
     )
-    model = _build_model(checkpoint.config, device, dtype)
+    plan = build_plan(checkpoint.config, device, cpu_kernels)
+    model = _build_model(checkpoint.config, device, dtype, plan)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
     packed = QuantizedTensors("int4" if keep.int4 else method)
     blocks = GgmlBlocks()
@@ -127,12 +132,14 @@ def load_model(
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)
+    installed = finish_linears(model, plan)
     return LoadedModel(
         model=model.eval(),
         tokenizer=checkpoint.tokenizer,
         config=checkpoint.config,
         name=checkpoint.name,
         path=checkpoint.path,
+        steps_in_c=installed.steps_in_c,
     )
 
 
@@ -237,13 +244,15 @@ def _no_weight_init() -> Iterator[None]:
             setattr(nn.init, name, function)
 
 
-def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def _build_model(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, plan: BuildPlan
+) -> LlamaForCausalLM:
+    """The model in its planned forms, its tensors allocated and not yet written."""
     with torch.device("meta"), _no_weight_init():
         model = model_class_for(config)(config)
+    apply_forms(model, plan)
     model = _materialize(model, device, dtype)
     model.tie_weights()
-    if device.type == "cuda":
-        set_decode_backend(model, TritonDecode())
     return model
 
 
