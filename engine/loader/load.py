@@ -132,9 +132,10 @@ def load_model(
         method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)
-    installed = finish_linears(model, plan)
+    model.eval()
+    installed = finish_linears(model, plan)  # after eval(), as the pass after loading was: the same modules
     return LoadedModel(
-        model=model.eval(),
+        model=model,
         tokenizer=checkpoint.tokenizer,
         config=checkpoint.config,
         name=checkpoint.name,

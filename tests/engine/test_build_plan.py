@@ -3,6 +3,7 @@ serving plan's kernel set before any weight is read, and put on the modules as t
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from engine.loader.build_plan import (
     apply_forms,
     build_plan,
 )
+from engine.loader.linear_factory import install_cpu_kernels
 from engine.loader.load import load_model
 from engine.loader.serving import load_for_engine
 from engine.model_config import ModelConfig
@@ -136,6 +138,38 @@ def test_the_engine_loads_the_default_model_in_its_final_form_in_one_call() -> N
     loaded = load_for_engine(EngineConfig())
     assert loaded.steps_in_c
     assert forms(loaded.model) == {("RMSNorm", True), ("SiluAndMul", True), ("backend", CDecode)}
-    plain = load_model(None, progress=False)
-    assert not plain.steps_in_c
-    assert forms(plain.model) == {("RMSNorm", False), ("SiluAndMul", False), ("backend", TorchDecode)}
+    old_route = load_model(None, progress=False, keep_gguf_int4=True, keep_gguf_blocks=True)
+    assert not old_route.steps_in_c
+    assert forms(old_route.model) == {("RMSNorm", False), ("SiluAndMul", False), ("backend", TorchDecode)}
+    # the old route (load, then every pass over the loaded model) ends in the same model, byte for byte
+    assert install_cpu_kernels(old_route.model, CpuKernels.C_F32).steps_in_c
+    assert module_contents(loaded.model) == module_contents(old_route.model)
+
+
+def module_contents(model: torch.nn.Module) -> list[tuple[str, str, list[tuple[str, object]]]]:
+    """Each module's name, type and attributes, its tensors by their bytes' digest (the forms and every
+    weight, with no copy of the model held)."""
+
+    def value(item: object) -> object:
+        if isinstance(item, torch.Tensor) and item.is_meta:  # a placeholder (an empty KV cache)
+            return (item.dtype, tuple(item.shape), "meta")
+        if isinstance(item, torch.Tensor):
+            return (
+                item.dtype,
+                tuple(item.shape),
+                hashlib.sha256(item.detach().contiguous().view(-1).view(torch.uint8).numpy()).hexdigest(),
+            )
+        if isinstance(item, int | float | bool | str | type(None)):
+            return item
+        return type(item).__name__
+
+    out = []
+    for name, module in model.named_modules():
+        attributes = {
+            **vars(module),
+            **dict(module.named_parameters(recurse=False)),
+            **dict(module.named_buffers(recurse=False)),
+        }
+        fields = [(key, value(item)) for key, item in sorted(attributes.items()) if not key.startswith("_")]
+        out.append((name, type(module).__name__, fields))
+    return out
