@@ -27,7 +27,16 @@ from engine.loader import gguf_file, safetensors_files
 from engine.loader.build_plan import BuildPlan, CpuKernels, apply_forms, build_plan
 from engine.loader.ggml_modules import GgmlBlocks
 from engine.loader.linear_factory import finish_linears
-from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan, keep_policy
+from engine.loader.plan import (
+    Form,
+    KeepPolicy,
+    PlannedTensor,
+    TensorPlan,
+    float_tensors,
+    gguf_plan,
+    holds_packed_blocks,
+    keep_policy,
+)
 from engine.loader.progress import ProgressBar
 from engine.model_config import ROPE_FREQS_TENSOR, ModelConfig
 from engine.models import model_class_for
@@ -116,20 +125,21 @@ def load_model(
         own_blocks=keep_gguf_blocks,
         c_kernels=ternary_kernel,
     )
+    tensor_plans = checkpoint.plan(keep)  # from the header: no data read
+    if keep.int4 and holds_packed_blocks(tensor_plans.values()):
+        method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     plan = build_plan(checkpoint.config, device, cpu_kernels)
     model = _build_model(checkpoint.config, device, dtype, plan)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
     packed = QuantizedTensors("int4" if keep.int4 else method)
     blocks = GgmlBlocks()
-    tensors = _route(checkpoint.tensors(keep), packed, blocks)
+    tensors = _route(checkpoint.tensors(tensor_plans), packed, blocks)
     tied = checkpoint.config.tie_word_embeddings
     _load_weights(
         model, packed.filter(tensors), bar, lambda: packed.parameter_names() | blocks.parameter_names(tied)
     )
     if bar is not None:
         bar.close()
-    if keep.int4 and packed.held():
-        method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)
     model.eval()
@@ -156,9 +166,11 @@ class _Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    tensors: Callable[[KeepPolicy], Iterator[PlannedTensor]]
-    """The tensors on the plan a GGUF file's header and the policy give (``plan.gguf_plan``, decided
-    before any data is read); a directory's are all float, whatever the policy."""
+    plan: Callable[[KeepPolicy], dict[str, TensorPlan]]
+    """What each tensor becomes under the policy, from a GGUF file's header (``plan.gguf_plan``: no
+    data read); a directory's plan is empty: its tensors are all float, whatever the policy."""
+    tensors: Callable[[dict[str, TensorPlan]], Iterator[PlannedTensor]]
+    """The tensors on that plan, read."""
 
 
 def load_config(path: str | Path | None = None) -> ModelConfig:
@@ -177,7 +189,8 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep: iter(
+            plan=lambda keep: {},
+            tensors=lambda plans: iter(
                 float_tensors(
                     safetensors_files.iter_tensors(files, family_for_hf(config.architecture).hf_norm_offset)
                 )
@@ -197,16 +210,14 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda keep: gguf_file.iter_tensors(
-                reader,
-                gguf_plan(
-                    gguf_file.headers(reader, architecture),
-                    architecture,
-                    config.num_attention_heads,
-                    config.num_key_value_heads,
-                    keep,
-                ),
+            plan=lambda keep: gguf_plan(
+                gguf_file.headers(reader, architecture),
+                architecture,
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                keep,
             ),
+            tensors=lambda plans: gguf_file.iter_tensors(reader, plans),
         )
     if path.exists():
         raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")

@@ -4,6 +4,7 @@ serving plan's kernel set before any weight is read, and put on the modules as t
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,8 @@ from engine.layers.activation import SiluAndMul
 from engine.layers.attention import Attention
 from engine.layers.attention_backends import CDecode, TorchDecode, TritonDecode
 from engine.layers.norm import RMSNorm
+from engine.layers.quant.linear import Int4Linear
+from engine.loader import gguf_file
 from engine.loader.build_plan import (
     CpuKernels,
     DecodeBackendKind,
@@ -25,9 +28,11 @@ from engine.loader.build_plan import (
 )
 from engine.loader.linear_factory import install_cpu_kernels
 from engine.loader.load import load_model
+from engine.loader.plan import KeepPolicy, TensorPlan, gguf_plan, holds_packed_blocks
 from engine.loader.serving import load_for_engine
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
+from tests.engine.ggml_files import HEADS, KV_HEADS, MIXED_TYPES, Q, write_mixed_gguf
 
 CPU = torch.device("cpu")
 
@@ -173,3 +178,21 @@ def module_contents(model: torch.nn.Module) -> list[tuple[str, str, list[tuple[s
         fields = [(key, value(item)) for key, item in sorted(attributes.items()) if not key.startswith("_")]
         out.append((name, type(module).__name__, fields))
     return out
+
+
+@pytest.mark.parametrize("q4", [False, True], ids=["q8_0-linears", "q4_0-linears"])
+def test_whether_the_model_is_served_int4_is_decided_from_the_header(tmp_path: Path, q4: bool) -> None:
+    """Under ``keep_gguf_int4`` a GGUF's Q4 linears stay packed (``Int4Linear``); a file without any
+    stays float, neither quantized nor packed: the plan says which before a tensor is read."""
+    linear_type = Q.Q4_0 if q4 else Q.Q8_0
+    path = write_mixed_gguf(tmp_path / "m.gguf", dict.fromkeys(MIXED_TYPES, linear_type), Q.Q8_0, None)
+    header_only = load_plan_of(path)
+    assert holds_packed_blocks(header_only.values()) == q4
+    model = load_model(path, progress=False, keep_gguf_int4=True).model
+    kinds = {type(m) for name, m in model.named_modules() if name.endswith("_proj")}
+    assert kinds == ({Int4Linear} if q4 else {torch.nn.Linear})
+
+
+def load_plan_of(path: Path) -> dict[str, TensorPlan]:
+    reader = gguf_file.open_gguf(path)
+    return gguf_plan(gguf_file.headers(reader, "llama"), "llama", HEADS, KV_HEADS, KeepPolicy(int4=True))
