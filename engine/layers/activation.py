@@ -13,8 +13,8 @@ class SiluAndMul(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.c_kernel = False
-        """Set on the float32 CPU fast path (``engine/loader/linear_factory.py``): the C kernel, which
-        the C decoder layer calls too, so both paths round alike."""
+        """Set on the float32 CPU fast path as the model is built (``engine/loader/build_plan.py``): the
+        C kernel, which the C decoder layer calls too, so both paths round alike."""
 
     def forward(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         if self.c_kernel and gate.dtype == torch.float32:

@@ -52,7 +52,8 @@ class Attention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         self.backend: DecodeBackend = backend or TorchDecode()
-        """How decode rows read the cache; the loader sets it once (``engine/loader/serving.py``)."""
+        """How decode rows read the cache; the loader sets it once, as it builds the model
+        (``engine/loader/build_plan.py``)."""
         self.window: int | None = None
         """A sliding-window layer's window: each token attends to the last ``window`` positions, itself
         included (transformers' and llama.cpp's masks); None: to every earlier position."""

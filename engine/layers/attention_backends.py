@@ -2,7 +2,8 @@
 
 Every backend takes one new token per row, ``q [B, H, D]``, and attends over the first
 ``context_lens[b]`` cached keys of its row's blocks. Which one a layer holds is decided by the loader
-(:func:`engine.loader.serving.attention_backend_for`) from the device and the CPU kernels it packed:
+(:func:`engine.loader.build_plan.decode_backend`) from the device and the CPU kernel set, before the
+weights are read:
 
 - :class:`TritonDecode` on CUDA: the Triton paged-attention kernel (``engine/kernels``).
 - :class:`CDecode` on the float32 CPU fast path: the C kernel of ``engine/cpu``, reading the cache in

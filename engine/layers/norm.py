@@ -15,8 +15,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
         self.c_kernel = False
-        """Set on the float32 CPU fast path (``engine/loader/linear_factory.py``): one C call instead
-        of seven ops."""
+        """Set on the float32 CPU fast path as the model is built (``engine/loader/build_plan.py``): one
+        C call instead of seven ops."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.c_kernel and x.dtype == torch.float32:

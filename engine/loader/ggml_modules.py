@@ -53,12 +53,18 @@ class GgmlBlocks:
             if module == EMBEDDING:
                 continue
             linear = model.get_submodule(module)
-            bias: torch.Tensor | None = linear.bias  # type: ignore[assignment]
-            model.set_submodule(module, GgmlLinear(blocks, ggml_type, int(linear.in_features), bias))  # type: ignore[arg-type]
+            if not isinstance(linear, nn.Linear):
+                raise ValueError(
+                    f"{module}: GGML blocks for {type(linear).__name__}, which is not a linear layer"
+                )
+            model.set_submodule(module, GgmlLinear(blocks, ggml_type, linear.in_features, linear.bias))
             installed += 1
         if EMBEDDING in self.tensors:
             blocks, ggml_type = self.tensors[EMBEDDING]
-            width = int(model.get_submodule(EMBEDDING).embedding_dim)  # type: ignore[arg-type]
+            embedding = model.get_submodule(EMBEDDING)
+            if not isinstance(embedding, nn.Embedding):
+                raise ValueError(f"{EMBEDDING}: GGML blocks for {type(embedding).__name__}, not an embedding")
+            width = embedding.embedding_dim
             if tied and kernel_format(ggml_type, width) is not None:
                 head = GgmlLinear(blocks, ggml_type, width, rows_looked_up=True)
                 model.set_submodule(HEAD, head)

@@ -98,7 +98,7 @@ class GgufFile:
 
     def __init__(self, path: str | Path, mode: Literal["r", "c"] = "c") -> None:
         self.data: np.memmap = np.memmap(path, dtype=np.uint8, mode=mode)
-        self._mapped = self.data._mmap  # type: ignore[attr-defined]  # the header is parsed from it
+        self._mapped = self.data.data  # a memoryview of the mapping: the header is parsed from it
         cursor = _Cursor(self._mapped)
         if cursor.scalar("<I") != _MAGIC:
             raise ValueError(f"{path} is not a GGUF file")

@@ -1,8 +1,10 @@
 """The linear factory: which module runs each linear of a loaded model, one table keyed by the
 weight's format and the CPU kernel set the loader chose (``engine/loader/serving.py``).
 
-The loader calls :func:`install_cpu_kernels` once, after the weights are in. For every linear it
-looks up ``LINEAR_KERNELS[kernels][weight_format(module)]``: a tuple of candidate classes, tried in
+The loader calls :func:`finish_linears` once, after the weights are in, on the build plan it decided
+before reading them (``engine/loader/build_plan.py``, which also put the norms', activation's and
+decode attention's forms on the modules as they were built). For every linear it looks up
+``LINEAR_KERNELS[kernels][weight_format(module)]``: a tuple of candidates (module classes), tried in
 order; the first whose ``supports(module)`` holds replaces the module (``Class(module)``), and
 where none does, or the format has no row, the module stays as it was loaded. Nothing is decided
 per call afterwards: a replaced module runs its one kernel.
@@ -48,16 +50,14 @@ How a new GGML type's kernel plugs in (say IQ4_NL, with a C kernel in ``engine/c
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
+import torch
 from torch import nn
 
-from engine.layers.activation import GeluTanhAndMul, SiluAndMul
-from engine.layers.attention import set_decode_backend
-from engine.layers.attention_backends import CDecode
 from engine.layers.ggml_linear import GgmlLinear
-from engine.layers.norm import RMSNorm
 from engine.layers.packed_linear import (
     Bf16Embedding,
     Int4PackedCpuLinear,
@@ -71,6 +71,10 @@ from engine.layers.packed_linear import (
 )
 from engine.layers.quant.linear import Int4Linear, TernaryLinear
 from engine.layers.ternary_linear import FROM_TERNARY_LINEAR
+from engine.loader.build_plan import FUSES_PROJECTIONS, BuildPlan, CpuKernels, apply_forms, build_plan
+from engine.model_config import ModelConfig
+
+__all__ = ["FUSES_PROJECTIONS", "CpuKernels", "Installed", "finish_linears", "install_cpu_kernels"]
 
 
 class WeightFormat(enum.StrEnum):
@@ -78,15 +82,6 @@ class WeightFormat(enum.StrEnum):
     INT4 = "int4"
     TERNARY = "ternary"
     GGML = "ggml"
-
-
-class CpuKernels(enum.StrEnum):
-    """The CPU kernel set a model is served on; the loader picks one per engine (serving.py)."""
-
-    MKL_F32 = "mkl-f32"
-    ONEDNN_BF16 = "onednn-bf16"
-    TORCH_INT4_F32 = "torch-int4-f32"
-    C_F32 = "c-f32"
 
 
 MODULE_FORMATS: dict[type[nn.Module], WeightFormat] = {
@@ -111,27 +106,55 @@ class CpuLinear(Protocol):
     def supports(self, module: nn.Module, /) -> bool: ...
 
 
+M = TypeVar("M", bound=nn.Module)
+_FromFloat = MklPackedLinear | OneDnnPackedLinear | Int8PackedCpuLinear | Q8CpuLinear
+_FromInt4 = Int4PackedCpuLinear | Q4CpuLinear
+
+
+class _Candidate(Generic[M]):
+    """A module class as a row's candidate: its own ``supports`` and constructor, which take the one
+    module type the row's format names (``MODULE_FORMATS``); typed for any module, as rows are read."""
+
+    def __init__(self, cls: Callable[[M], nn.Module], supports: Callable[[M], bool], takes: type[M]) -> None:
+        self.cls, self._supports, self.takes = cls, supports, takes
+
+    def supports(self, module: nn.Module, /) -> bool:
+        return isinstance(module, self.takes) and self._supports(module)
+
+    def __call__(self, module: nn.Module, /) -> nn.Module:
+        if not isinstance(module, self.takes):
+            raise TypeError(f"{self.cls} takes a {self.takes.__name__}, not a {type(module).__name__}")
+        return self.cls(module)
+
+    def __repr__(self) -> str:
+        return f"_Candidate({getattr(self.cls, '__name__', self.cls)})"
+
+
+def _on_float(cls: type[_FromFloat]) -> CpuLinear:
+    return _Candidate(cls, cls.supports, nn.Linear)
+
+
+def _on_int4(cls: type[_FromInt4]) -> CpuLinear:
+    return _Candidate(cls, cls.supports, Int4Linear)
+
+
 LINEAR_KERNELS: dict[CpuKernels, dict[WeightFormat, tuple[CpuLinear, ...]]] = {
-    CpuKernels.MKL_F32: {WeightFormat.FLOAT: (MklPackedLinear,)},  # type: ignore[dict-item]
+    CpuKernels.MKL_F32: {WeightFormat.FLOAT: (_on_float(MklPackedLinear),)},
     CpuKernels.ONEDNN_BF16: {
-        WeightFormat.FLOAT: (OneDnnPackedLinear,),  # type: ignore[dict-item]
-        WeightFormat.INT4: (Int4PackedCpuLinear,),  # type: ignore[dict-item]
+        WeightFormat.FLOAT: (_on_float(OneDnnPackedLinear),),
+        WeightFormat.INT4: (_on_int4(Int4PackedCpuLinear),),
     },
     CpuKernels.TORCH_INT4_F32: {
-        WeightFormat.FLOAT: (Int8PackedCpuLinear,),  # type: ignore[dict-item]
-        WeightFormat.INT4: (Int4PackedCpuLinear,),  # type: ignore[dict-item]
+        WeightFormat.FLOAT: (_on_float(Int8PackedCpuLinear),),
+        WeightFormat.INT4: (_on_int4(Int4PackedCpuLinear),),
     },
     CpuKernels.C_F32: {
-        WeightFormat.FLOAT: (Q8CpuLinear, Int8PackedCpuLinear),  # type: ignore[dict-item]
-        WeightFormat.INT4: (Q4CpuLinear, Int4PackedCpuLinear),  # type: ignore[dict-item]
+        WeightFormat.FLOAT: (_on_float(Q8CpuLinear), _on_float(Int8PackedCpuLinear)),
+        WeightFormat.INT4: (_on_int4(Q4CpuLinear), _on_int4(Int4PackedCpuLinear)),
         WeightFormat.TERNARY: (FROM_TERNARY_LINEAR,),
     },
 }
 """kernel set -> weight format -> candidate classes, the first that ``supports`` the module wins."""
-
-FUSES_PROJECTIONS = {CpuKernels.ONEDNN_BF16, CpuKernels.TORCH_INT4_F32, CpuKernels.C_F32}
-"""Kernel sets that first stack q/k/v and gate/up into one linear each (fewer, wider GEMMs; the exact
-MKL path keeps the checkpoint's shapes)."""
 
 
 def weight_format(module: nn.Module) -> WeightFormat | None:
@@ -151,11 +174,30 @@ class Installed:
 def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
     """Replace ``model``'s CPU linears by ``kernels``' modules, in place (module weights on CPU; float
     linears only in the model's own dtype). With ``C_F32`` the norms, activation and decode attention
-    take their C kernels too, an embedding is looked up from a tied Q8_0 lm_head's blocks where they
-    give it back exactly, else kept in bfloat16 where that holds it exactly, and Llama layers get the
-    one-call decode kernel."""
+    take their C kernels too (the build plan's forms, ``engine/loader/build_plan.py``), an embedding is
+    looked up from a tied Q8_0 lm_head's blocks where they give it back exactly, else kept in bfloat16
+    where that holds it exactly, and Llama layers get the one-call decode kernel. The loader does the
+    same in two steps around the fill (``load_model(cpu_kernels=...)``); this is for a model built
+    another way."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"install_cpu_kernels needs a model with a ModelConfig, not {type(model).__name__}")
+    plan = build_plan(config, torch.device("cpu"), kernels)
+    if plan.c_forms:
+        apply_forms(model, plan)
+    return finish_linears(model, plan)
+
+
+def finish_linears(model: nn.Module, plan: BuildPlan) -> Installed:
+    """The plan's linear table on a filled model: q/k/v and gate/up stacked where the kernel set
+    stacks them, each linear replaced by the first row candidate that supports it; with the C forms,
+    the embedding compacted and the one-call decoder layer attached (it checks the forms
+    :func:`apply_forms` put on the modules at build)."""
+    kernels = plan.kernels
+    if kernels is None:
+        return Installed(0, steps_in_c=False)
     dtype = activation_dtype(model)
-    if kernels in FUSES_PROJECTIONS and isinstance(model, FusesProjections):
+    if plan.fuse_projections and isinstance(model, FusesProjections):
         model.fuse_projections()
     table = LINEAR_KERNELS[kernels]
     replaced = 0
@@ -170,12 +212,8 @@ def install_cpu_kernels(model: nn.Module, kernels: CpuKernels) -> Installed:
                 model.set_submodule(name, cls(module))
                 replaced += 1
                 break
-    if kernels is not CpuKernels.C_F32:
+    if not plan.c_forms:
         return Installed(replaced, steps_in_c=False)
-    for module in model.modules():
-        if isinstance(module, RMSNorm | SiluAndMul | GeluTanhAndMul):
-            module.c_kernel = True
-    set_decode_backend(model, CDecode())
     _compact_embeddings(model)
     from engine.models.llama_decode_kernel import attach_decoder_kernels
 

@@ -15,10 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from engine.cpu import kernels as cpu_kernels
+from engine.cpu import kernels as c_kernel_lib
 from engine.families import family_for_hf
-from engine.layers.attention import set_decode_backend
-from engine.layers.attention_backends import TritonDecode
 from engine.layers.quant.checkpoint import (
     QuantizedTensors,
     apply_quantization,
@@ -26,8 +24,19 @@ from engine.layers.quant.checkpoint import (
     resolve_quant,
 )
 from engine.loader import gguf_file, safetensors_files
+from engine.loader.build_plan import BuildPlan, CpuKernels, apply_forms, build_plan
 from engine.loader.ggml_modules import GgmlBlocks
-from engine.loader.plan import Form, KeepPolicy, PlannedTensor, float_tensors, gguf_plan, keep_policy
+from engine.loader.linear_factory import finish_linears
+from engine.loader.plan import (
+    Form,
+    KeepPolicy,
+    PlannedTensor,
+    TensorPlan,
+    float_tensors,
+    gguf_plan,
+    holds_packed_blocks,
+    keep_policy,
+)
 from engine.loader.progress import ProgressBar
 from engine.model_config import ROPE_FREQS_TENSOR, ModelConfig
 from engine.models import model_class_for
@@ -53,7 +62,7 @@ class LoadedModel:
     """The name the model is served under (file stem without quant suffix, or directory name)."""
     path: Path
     steps_in_c: bool = False
-    """Decode steps run as one C call (set where the loader installed the C kernels: serving.py)."""
+    """Decode steps run as one C call (where ``load_model``'s ``cpu_kernels`` are the C kernels)."""
     kernel_paths: dict[str, str] = field(default_factory=dict)
     """On the C kernels (serving.py): each GGML type's path on this CPU and the tiles' instruction set
     (``ggml_kernels.serving_paths``), for the startup log and /health; empty off them."""
@@ -85,6 +94,7 @@ def load_model(
     quant: str = "auto",
     keep_gguf_int4: bool = False,
     keep_gguf_blocks: bool = False,
+    cpu_kernels: CpuKernels | None = None,
 ) -> LoadedModel:
     """Load weights, config and tokenizer. `dtype` None: float32 on CPU, bfloat16 on CUDA.
 
@@ -94,7 +104,10 @@ def load_model(
     the C kernels build, ternary linears (a GGUF's TQ1_0/TQ2_0 ones, a packed BitNet checkpoint's) load
     straight into the ternary C kernel's ``TernaryCpuLinear``. With `keep_gguf_blocks` (float32 on the
     C kernels), every linear, embedding and head whose GGML type has a C kernel stays in its own
-    blocks too (`engine/loader/ggml_modules.py`)."""
+    blocks too (`engine/loader/ggml_modules.py`). `cpu_kernels` (the serving plan's kernel set, on CPU)
+    decides every module's final form before the fill (`engine/loader/build_plan.py`): the norms',
+    activation's and decode attention's kernels go on the modules as they are built, and the linear
+    table finishes the linears after it."""
     checkpoint = _open(path)
     device = resolve_device(device)
     if dtype is None:
@@ -103,7 +116,7 @@ def load_model(
     method = resolve_quant(quant, detected)
     # The fast path's ternary weights (a TQ1_0/TQ2_0 GGUF's, a BitNet checkpoint's) go to the ternary C
     # kernel as they are loaded: two bits a weight, no float or int8 copy of the model.
-    ternary_kernel = keep_gguf_int4 and device.type == "cpu" and cpu_kernels.available()
+    ternary_kernel = keep_gguf_int4 and device.type == "cpu" and c_kernel_lib.available()
     keep = keep_policy(
         method=method,
         quant=quant,
@@ -112,27 +125,32 @@ def load_model(
         own_blocks=keep_gguf_blocks,
         c_kernels=ternary_kernel,
     )
-    model = _build_model(checkpoint.config, device, dtype)
+    tensor_plans = checkpoint.plan(keep)  # from the header: no data read
+    if keep.int4 and holds_packed_blocks(tensor_plans.values()):
+        method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
+    plan = build_plan(checkpoint.config, device, cpu_kernels)
+    model = _build_model(checkpoint.config, device, dtype, plan)
     bar = ProgressBar(checkpoint.num_tensors, f"Loading {checkpoint.name}") if progress else None
     packed = QuantizedTensors("int4" if keep.int4 else method)
     blocks = GgmlBlocks()
-    tensors = _route(checkpoint.tensors(keep), packed, blocks)
+    tensors = _route(checkpoint.tensors(tensor_plans), packed, blocks)
     tied = checkpoint.config.tie_word_embeddings
     _load_weights(
         model, packed.filter(tensors), bar, lambda: packed.parameter_names() | blocks.parameter_names(tied)
     )
     if bar is not None:
         bar.close()
-    if keep.int4 and packed.held():
-        method = "int4"  # a GGUF file without Q4 linears stays float: nothing is quantized here
     apply_quantization(model, method, packed, quant_config, ternary_kernel=ternary_kernel)
     blocks.install(model, tied)
+    model.eval()
+    installed = finish_linears(model, plan)  # after eval(), as the pass after loading was: the same modules
     return LoadedModel(
-        model=model.eval(),
+        model=model,
         tokenizer=checkpoint.tokenizer,
         config=checkpoint.config,
         name=checkpoint.name,
         path=checkpoint.path,
+        steps_in_c=installed.steps_in_c,
     )
 
 
@@ -148,9 +166,11 @@ class _Checkpoint:
     config: ModelConfig
     tokenizer: Tokenizer
     num_tensors: int
-    tensors: Callable[[KeepPolicy], Iterator[PlannedTensor]]
-    """The tensors on the plan a GGUF file's header and the policy give (``plan.gguf_plan``, decided
-    before any data is read); a directory's are all float, whatever the policy."""
+    plan: Callable[[KeepPolicy], dict[str, TensorPlan]]
+    """What each tensor becomes under the policy, from a GGUF file's header (``plan.gguf_plan``: no
+    data read); a directory's plan is empty: its tensors are all float, whatever the policy."""
+    tensors: Callable[[dict[str, TensorPlan]], Iterator[PlannedTensor]]
+    """The tensors on that plan, read."""
 
 
 def load_config(path: str | Path | None = None) -> ModelConfig:
@@ -169,7 +189,8 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_hf_dir(path, eos_token_ids=config.eos_token_ids),
             num_tensors=safetensors_files.count_tensors(files),
-            tensors=lambda keep: iter(
+            plan=lambda keep: {},
+            tensors=lambda plans: iter(
                 float_tensors(
                     safetensors_files.iter_tensors(files, family_for_hf(config.architecture).hf_norm_offset)
                 )
@@ -189,16 +210,14 @@ def _open(path: str | Path | None) -> _Checkpoint:
             config=config,
             tokenizer=Tokenizer.from_gguf_metadata(metadata, eos_token_ids=config.eos_token_ids),
             num_tensors=len(reader.tensors),
-            tensors=lambda keep: gguf_file.iter_tensors(
-                reader,
-                gguf_plan(
-                    gguf_file.headers(reader, architecture),
-                    architecture,
-                    config.num_attention_heads,
-                    config.num_key_value_heads,
-                    keep,
-                ),
+            plan=lambda keep: gguf_plan(
+                gguf_file.headers(reader, architecture),
+                architecture,
+                config.num_attention_heads,
+                config.num_key_value_heads,
+                keep,
             ),
+            tensors=lambda plans: gguf_file.iter_tensors(reader, plans),
         )
     if path.exists():
         raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
@@ -237,13 +256,15 @@ def _no_weight_init() -> Iterator[None]:
             setattr(nn.init, name, function)
 
 
-def _build_model(config: ModelConfig, device: torch.device, dtype: torch.dtype) -> LlamaForCausalLM:
+def _build_model(
+    config: ModelConfig, device: torch.device, dtype: torch.dtype, plan: BuildPlan
+) -> LlamaForCausalLM:
+    """The model in its planned forms, its tensors allocated and not yet written."""
     with torch.device("meta"), _no_weight_init():
         model = model_class_for(config)(config)
+    apply_forms(model, plan)
     model = _materialize(model, device, dtype)
     model.tie_weights()
-    if device.type == "cuda":
-        set_decode_backend(model, TritonDecode())
     return model
 
 

@@ -141,6 +141,12 @@ def gguf_plan(
     return plans
 
 
+def holds_packed_blocks(plans: Iterable[TensorPlan]) -> bool:
+    """Whether a plan keeps any linear's Q4_0/Q4_1/TQ1_0/TQ2_0 blocks for a quantized module (the model
+    is then served ``int4``; a GGUF file without them stays float under ``keep_gguf_int4``)."""
+    return any(plan.form in (Form.INT4_BLOCKS, Form.TERNARY_BLOCKS) for plan in plans)
+
+
 def _form(header: TensorHeader, tied: bool, keep: KeepPolicy) -> Form:
     if header.gguf_name in CONFIG_TENSORS:  # rope_freqs, LongRoPE's factors: read into the config
         return Form.CONFIG

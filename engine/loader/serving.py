@@ -2,7 +2,9 @@
 
 :func:`serving_plan` turns ``EngineConfig`` (device, dtype, ``pack_cpu_linears``, ``cpu_kernels``) into
 what the loader does: whether a GGUF's Q4 linears stay packed, and which CPU kernel set the linear
-factory installs (``engine/loader/linear_factory.py``). :func:`load_for_engine` loads on that plan.
+factory installs (``engine/loader/linear_factory.py``). :func:`load_for_engine` is ``load_model`` on
+that plan: every module's form is decided before the weights are read (``engine/loader/build_plan.py``)
+and no pass rewrites the model after ``load_model`` returns.
 The engine only reads the outcome (``LoadedModel.steps_in_c`` for its thread count).
 """
 
@@ -16,7 +18,7 @@ import torch
 from engine.config import EngineConfig
 from engine.cpu import ggml_kernels
 from engine.cpu import kernels as cpu_kernels
-from engine.loader.linear_factory import CpuKernels, install_cpu_kernels
+from engine.loader.build_plan import CpuKernels
 from engine.loader.load import LoadedModel, load_model
 from engine.loader.memory import release_freed_memory
 
@@ -66,10 +68,8 @@ def load_for_engine(config: EngineConfig) -> LoadedModel:
         quant=config.quant,
         keep_gguf_int4=plan.keep_gguf_int4,
         keep_gguf_blocks=plan.keep_gguf_blocks,
+        cpu_kernels=plan.cpu_kernels,
     )
-    if plan.cpu_kernels is not None:
-        installed = install_cpu_kernels(loaded.model, plan.cpu_kernels)
-        loaded = replace(loaded, steps_in_c=installed.steps_in_c)
     if plan.keep_gguf_blocks:
         # which kernel each GGML type runs on this CPU (own blocks tiled or row by row, or Q8_0)
         loaded = replace(loaded, kernel_paths=ggml_kernels.serving_paths())
