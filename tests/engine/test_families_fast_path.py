@@ -73,8 +73,8 @@ plain Llama of its shapes lands on the same 0.973, and Qwen3's logit error is no
 sits at a float32 top-2 margin under 1.7 logits (of a logit spread of 22; median margin 7.6). Gemma 3's
 logits are soft-capped at 30 and its margins narrow (median 0.30): at Q4_K_M none is past what Llama's
 int8 activations move a margin by, so its Q4_K_M check counts no position (its own fast path moves
-margins 1/100 as far and agrees at all 512, through the C layers); its Q4_0/Q4_1 check counts 511. Phi-3's reference steps as
-the fast path does (LongRoPE's factors follow each step's reach)."""
+margins 1/100 as far and agrees at all 512, through the C layers); its Q4_0/Q4_1 check counts 511.
+Phi-3's reference steps as the fast path does (LongRoPE's factors follow each step's reach)."""
 BASELINES = {"qwen3": "llama_hd128"}
 """Each family's plain Llama of the same shapes (else "llama")."""
 NEAR_TIE_SIGMAS = 4.0
