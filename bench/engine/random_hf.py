@@ -127,8 +127,11 @@ SHAPES: dict[str, tuple[str, dict[str, Any]]] = {
 """The published configs' compute-shaping fields (Hugging Face ``config.json`` of each model)."""
 
 
-def _tokenizer_dir(into: Path) -> None:
-    """The default model's tokenizer as a Hugging Face directory (transformers reads the GGUF)."""
+def _tokenizer_dir(into: Path, vocab_size: int) -> None:
+    """The default model's tokenizer as a Hugging Face directory (transformers reads the GGUF), its
+    vocabulary padded to ``vocab_size`` with ``<unused{i}>`` entries no merge makes (as Gemma's own
+    are): the converter trims Gemma 3's embedding rows to the tokenizer's size, and llama-server then
+    refuses a file whose embedding is shorter than its vocabulary."""
     from transformers import AutoTokenizer
 
     from engine.loader import default_model_path
@@ -140,6 +143,13 @@ def _tokenizer_dir(into: Path) -> None:
     config_file = into / "tokenizer_config.json"
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "tokenizer_class": "GPT2Tokenizer"}, indent=2))
+    tokenizer_file = into / "tokenizer.json"
+    tokenizer = json.loads(tokenizer_file.read_text())
+    vocab = tokenizer["model"]["vocab"]
+    taken = len(vocab) + sum(1 for t in tokenizer["added_tokens"] if t["content"] not in vocab)
+    for i in range(vocab_size - taken):
+        vocab[f"<unused{i}>"] = taken + i
+    tokenizer_file.write_text(json.dumps(tokenizer, ensure_ascii=False))
 
 
 def write(shape: str, out: Path, seed: int = 0) -> None:
@@ -152,7 +162,7 @@ def write(shape: str, out: Path, seed: int = 0) -> None:
     model.save_pretrained(out, max_shard_size="2GB")
     del model
     with tempfile.TemporaryDirectory() as tokenizer:
-        _tokenizer_dir(Path(tokenizer))
+        _tokenizer_dir(Path(tokenizer), config.vocab_size)
         for item in Path(tokenizer).iterdir():
             shutil.copy(item, out / item.name)
 
