@@ -32,29 +32,16 @@ from engine.loader.plan import KeepPolicy, TensorPlan, gguf_plan, holds_packed_b
 from engine.loader.serving import load_for_engine
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaAttention, LlamaForCausalLM
+from tests.engine import tiny_engine
 from tests.engine.ggml_files import HEADS, KV_HEADS, MIXED_TYPES, Q, write_mixed_gguf
 
 CPU = torch.device("cpu")
 
 
 def tiny_config(**overrides: Any) -> ModelConfig:
-    fields: dict[str, Any] = dict(
-        architecture="LlamaForCausalLM",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-        attention_bias=False,
-    )
-    return ModelConfig(**(fields | overrides))
+    """tiny_engine's config at this file's sizes (4 layers, so per-layer forms differ)."""
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, head_dim=8)
+    return tiny_engine.tiny_config(**(sizes | {"max_position_embeddings": 64} | overrides))
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,8 @@ def make_byte_tokenizer() -> Tokenizer:
     return Tokenizer(backend, special_tokens={"eos_token": "<|endoftext|>"}, chat_template=CHATML_TEMPLATE)
 
 
-def make_tiny_model(seed: int = 0, **overrides: Any) -> tuple[LlamaForCausalLM, ModelConfig]:
+def tiny_config(**overrides: Any) -> ModelConfig:
+    """A small Llama config (byte vocabulary plus three specials); ``overrides`` replace its fields."""
     fields: dict[str, Any] = dict(
         architecture="LlamaForCausalLM",
         vocab_size=259,
@@ -59,7 +60,11 @@ def make_tiny_model(seed: int = 0, **overrides: Any) -> tuple[LlamaForCausalLM, 
         tie_word_embeddings=False,
         attention_bias=False,
     )
-    config = ModelConfig(**(fields | overrides))
+    return ModelConfig(**(fields | overrides))
+
+
+def make_tiny_model(seed: int = 0, **overrides: Any) -> tuple[LlamaForCausalLM, ModelConfig]:
+    config = tiny_config(**overrides)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
