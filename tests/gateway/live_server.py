@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import uuid
 from collections.abc import Awaitable
 from typing import Any, Self, TypeVar
 
@@ -90,7 +91,7 @@ def create_inference_key(base_url: str, admin_key: str, **key_fields: Any) -> st
     """A new tenant and an inference key for it, through the live gateway's admin API; returns the secret."""
     admin = {"Authorization": f"Bearer {admin_key}"}
     with httpx.Client(base_url=base_url, timeout=30, headers=admin) as client:
-        tenant = client.post("/admin/tenants", json={"name": f"tenant-{free_port()}"})
+        tenant = client.post("/admin/tenants", json={"name": f"tenant-{uuid.uuid4().hex[:12]}"})
         assert tenant.status_code == 201, tenant.text
         body = {"tenant_id": tenant.json()["id"], "name": "key", "kind": "inference", **key_fields}
         created = client.post("/admin/keys", json=body)
