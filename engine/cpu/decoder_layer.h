@@ -8,7 +8,8 @@
 
 typedef struct TernLinear {
     const void *qweight; /* q4_1: [N, K/2] bytes (or tile by tile: kernels.q4_1_kernel_layout); q8_0: [N, K] int8;
-                            q5_0: [N, K/32, 20] bytes; Q4_K/Q5_K/Q6_K: [N, K/256] super-blocks as GGUF stores them */
+                            q5_0: [N, K/32, 20] bytes; Q4_K/Q5_K/Q6_K: [N, K/256] super-blocks as GGUF stores them;
+                            the tiled formats: ggml_kernels.tile, q8_0_tiles.tile */
     const uint16_t *scales; /* [N, K/32] float16 (q4_1, q8_0, q5_0; q4_1 as its codes; none for the K-quants) */
     const uint16_t *mins;   /* [N/16 rounded up, K/32, 16] float16, q4_1 only (kernels.tile_blocks) */
     const float *bias;   /* [N] or NULL */
@@ -28,7 +29,9 @@ enum {
     FORMAT_Q4_K_TILED = 6,
     FORMAT_Q6_K_TILED = 7,
     FORMAT_Q5_K_TILED = 8,
-    FORMAT_Q5_0 = 9
+    FORMAT_Q5_0 = 9,
+    FORMAT_Q8_0_TILED = 10,
+    FORMAT_Q5_0_TILED = 11
 };
 
 /* The MLP's gated activation of gate | up (TernDecoderLayer.activation). */

@@ -49,9 +49,20 @@ KERNEL_TYPES: dict[GGMLType, KernelFormat] = {
 Q4_K_TILED = KernelFormat("q4_k_tiled", 6, 256)
 Q6_K_TILED = KernelFormat("q6_k_tiled", 7, 256)
 Q5_K_TILED = KernelFormat("q5_k_tiled", 8, 256)
-TILED_FORMATS = {GGMLType.Q4_K: Q4_K_TILED, GGMLType.Q5_K: Q5_K_TILED, GGMLType.Q6_K: Q6_K_TILED}
-"""Q4_K, Q5_K and Q6_K rearranged tile by tile for their tiled kernels (:func:`tile`), where the build has
-them (:func:`tiled_isa`: AVX2 and up) and the rows fill whole tiles of 16."""
+Q8_0_TILED = KernelFormat("q8_0_tiled", 10, 32)
+Q5_0_TILED = KernelFormat("q5_0_tiled", 11, 32)
+TILED_FORMATS = {
+    GGMLType.Q4_K: Q4_K_TILED,
+    GGMLType.Q5_K: Q5_K_TILED,
+    GGMLType.Q6_K: Q6_K_TILED,
+    GGMLType.Q8_0: Q8_0_TILED,
+    GGMLType.Q5_0: Q5_0_TILED,
+}
+"""Types rearranged tile by tile for their tiled kernels on int8 activations, where the build has them
+(:func:`tiled_isa`: AVX2 and up): Q4_K, Q5_K and Q6_K (:func:`tile`) where the rows fill whole tiles of
+16; Q8_0 and Q5_0 (``q8_0_tiles.tile``, any number of rows: the last tile may be short)."""
+ANY_ROWS = frozenset({GGMLType.Q8_0, GGMLType.Q5_0})
+"""The tiled types whose last tile may have fewer than 16 rows."""
 TILED_ISAS = {0: None, 1: "avx2", 2: "avx-vnni", 3: "avx512-vnni"}
 """``tern_kquant_tiles()`` -> the instruction set the K-quant tiles of this build use (q8k_rows.c): AVX2's
 vpmaddubsw + vpmaddwd (kquant_tiled_avx2.c, q6_k_tiled_avx2.c), the same with 256-bit VNNI's vpdpbusd, or
@@ -150,8 +161,9 @@ _SB_BYTES = {GGMLType.Q4_K: 144, GGMLType.Q5_K: 176, GGMLType.Q6_K: 210}
 
 
 def tiles(ggml_type: GGMLType, out_features: int) -> bool:
-    """Whether a weight of this type and rows runs tile by tile (:func:`tile`)."""
-    return ggml_type in TILED_FORMATS and out_features % TILE_N == 0 and tiled_isa() is not None
+    """Whether a weight of this type and rows runs tile by tile (:func:`tile`, ``q8_0_tiles.tile``)."""
+    whole = out_features % TILE_N == 0 or ggml_type in ANY_ROWS
+    return ggml_type in TILED_FORMATS and whole and tiled_isa() is not None
 
 
 def tile(blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:

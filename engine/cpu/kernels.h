@@ -79,6 +79,23 @@ void tern_free_q8k_rows(TernQ8KRows *q);
 int tern_kquant_tiles(void);
 int tern_matmul_k_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_tile_k(int q5, uint8_t *w, int64_t N, int64_t nsb);
+/* Q8_0 (q5 0) and Q5_0 (q5 1) tile by tile on int8 rows, llama.cpp's Q8_0 activation blocks (q8_0_rows.c,
+ * where TERN_KQ_TILED): int8 codes [M, K], a scale a block of 32 (d [M, K/32]) and each block's code sum. */
+typedef struct {
+    int8_t *qs;
+    float *d;
+    int32_t *sums;
+} TernQ8Rows;
+int tern_matmul_q8_0_tiled(int q5, const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
+int tern_tile_q8_0(int q5, uint8_t *w, int64_t N, int64_t nb);
+void tern_dequantize_q8_0_tiled(int q5, const uint8_t *w, int64_t N, int64_t nb, const int64_t *ids, int64_t count,
+                                float *out);
+void tern_quantize_rows_q8_0(const float *x, int64_t M, int64_t K, int8_t *qs, float *d, int32_t *sums);
+/* One tile (16 columns' blocks from n0, the first C of them real) against all M rows of q, into out [M, N]:
+ * q8_0_tiled_kernels.c (AVX-512 VNNI) or q8_0_tiled_avx2.c (AVX-VNNI, AVX2). */
+__attribute__((visibility("hidden"))) void tern_q8_0_tile_rows(int q5, const uint8_t *tile, int64_t nb,
+                                                               const TernQ8Rows *q, int64_t M, int64_t n0,
+                                                               int64_t C, int64_t N, float *out);
 /* Q6_K tile by tile (q6_k_tiled_kernels.c), the same way. */
 int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_tile_q6_k(uint8_t *w, int64_t N, int64_t nsb);

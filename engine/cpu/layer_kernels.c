@@ -44,6 +44,8 @@ static int part(const TernLinear *w, const float *x, int64_t M, float *out) {
     case FORMAT_Q4_K_TILED: return tern_matmul_k_tiled(0, x, M, K, (const uint8_t *)w->qweight, N, out);
     case FORMAT_Q5_K_TILED: return tern_matmul_k_tiled(1, x, M, K, (const uint8_t *)w->qweight, N, out);
     case FORMAT_Q6_K_TILED: return tern_matmul_q6_k_tiled(x, M, K, (const uint8_t *)w->qweight, N, out);
+    case FORMAT_Q8_0_TILED: return tern_matmul_q8_0_tiled(0, x, M, K, (const uint8_t *)w->qweight, N, out);
+    case FORMAT_Q5_0_TILED: return tern_matmul_q8_0_tiled(1, x, M, K, (const uint8_t *)w->qweight, N, out);
     default: return -2;
     }
 }

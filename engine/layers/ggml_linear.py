@@ -1,8 +1,9 @@
 """Linears and embeddings on a GGUF tensor's own blocks (docs/engine.md, "GGUF types").
 
 ``GgmlLinear`` runs the C kernel of its GGML type (``engine/cpu/ggml_kernels.py``, ``KERNEL_TYPES``)
-on the file's blocks: the K-quants as they are (or tile by tile), Q8_0 and Q5_0 split in place into
-codes and scales. ``GgmlEmbedding`` looks rows up in the same blocks and dequantizes only them, so no
+on the file's blocks: the K-quants as they are (or tile by tile), Q8_0 and Q5_0 tile by tile on int8
+activations where the CPU has AVX2 (``engine/cpu/q8_0_tiles.py``), else split in place into codes and
+scales for the int16 row-by-row tiles. ``GgmlEmbedding`` looks rows up in the same blocks and dequantizes only them, so no
 float32 table exists beside them, tied or not. ``StackedLinear`` puts q/k/v or gate/up side by side,
 each part on its own kernel (a Q4_K_M file's v_proj is Q6_K in some layers, Q4_K in others).
 """
@@ -16,10 +17,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.cpu import ggml_kernels
+from engine.cpu import ggml_kernels, q8_0_tiles
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import GGMLType
 from engine.layers.quant.linear import Int4Linear
+
+
+_DEQUANTIZED_FROM_TILES = frozenset({GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})
+"""Tiled types whose rows an embedding reads from the tiles (the others' tied heads stay rows of blocks)."""
+_Q8_0_TILED = frozenset({ggml_kernels.Q8_0_TILED.name, ggml_kernels.Q5_0_TILED.name})
 
 
 class GgmlLinear(nn.Module):
@@ -45,25 +51,31 @@ class GgmlLinear(nn.Module):
         self.ggml_type, self.format = ggml_type, spec.name
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.scales: torch.Tensor | None = None
-        if ggml_type == GGMLType.Q5_0:
-            self.qweight, self.scales = ggml_kernels.q5_0_from_blocks(blocks)
-        elif ggml_type == GGMLType.Q8_0:
-            self.qweight, self.scales = ggml_kernels.q8_0_from_blocks(blocks)
-        elif ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
-            ggml_type == GGMLType.Q6_K or not rows_looked_up
-        ):
-            # tile by tile for the VNNI kernels (a tied Q6_K head's rows are dequantized from its tiles)
+        tiled = ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
+            ggml_type in _DEQUANTIZED_FROM_TILES or not rows_looked_up
+        )
+        if tiled and ggml_type in ggml_kernels.ANY_ROWS:
+            # Q8_0 and Q5_0: tile by tile on int8 activations (a tied head's rows dequantized from them)
+            self.qweight, self.format = q8_0_tiles.tile(blocks, ggml_type), ggml_kernels.TILED_FORMATS[ggml_type].name
+        elif tiled:
+            # tile by tile for the K-quant tiles (a tied Q6_K head's rows are dequantized from its tiles)
             self.qweight, self.format = (
                 ggml_kernels.tile(blocks, ggml_type),
                 ggml_kernels.TILED_FORMATS[ggml_type].name,
             )
+        elif ggml_type == GGMLType.Q5_0:
+            self.qweight, self.scales = ggml_kernels.q5_0_from_blocks(blocks)
+        elif ggml_type == GGMLType.Q8_0:
+            self.qweight, self.scales = ggml_kernels.q8_0_from_blocks(blocks)
         else:
             self.qweight = blocks
         self.bias = None if bias is None else bias.detach().float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.ggml_type == GGMLType.Q5_0:
+        if self.format in _Q8_0_TILED:
+            out = q8_0_tiles.matmul(rows, self.qweight, self.ggml_type)
+        elif self.ggml_type == GGMLType.Q5_0:
             assert self.scales is not None
             out = ggml_kernels.matmul_q5_0(rows, self.qweight, self.scales)
         elif self.scales is not None:
@@ -78,6 +90,8 @@ class GgmlLinear(nn.Module):
 
     def dequantized_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the weight in float32 (the embedding lookup of a tied head)."""
+        if self.format in _Q8_0_TILED:
+            return q8_0_tiles.dequantize_rows(self.qweight, self.ggml_type, ids)
         if self.ggml_type == GGMLType.Q5_0:
             assert self.scales is not None
             flat = ids.reshape(-1)
