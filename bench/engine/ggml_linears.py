@@ -11,9 +11,9 @@ disturbed one), per call: ``{kernel}_us`` wall µs, ``{kernel}_cpu_us`` CPU µs 
 ``--threads 1``), ``{kernel}_gb_s`` weight bytes over the CPU time (GB a CPU-second: one thread's
 effective bandwidth at one row, where the weight, read again and again, may sit in the cache), for
 ``q4_1`` (``Q4CpuLinear``, the kernel the default model runs), and ``GgmlLinear`` on ``q4_k``,
-``q5_k``, ``q6_k``, ``q8_0``, ``q5_0`` blocks (the K-quants tile by tile where the CPU has AVX2,
-as the loader keeps them) and ``q4_k_rows`` / ``q6_k_rows`` (their row-by-row kernels,
-what other CPUs run).
+``q5_k``, ``q6_k``, ``q8_0``, ``q5_0`` blocks (tile by tile where the CPU has AVX2, as the loader
+keeps them) and ``q4_k_rows`` / ``q6_k_rows`` / ``q8_0_rows`` / ``q5_0_rows`` (their row-by-row
+kernels, what other CPUs run).
 
 ``layers``: ``--layers`` decoder layers, every linear its own weight (so a step reads them from memory, as
 serving does), ms per layer and GB/s of weight read, for a layer of each type and for a Q4_K_M layer
@@ -50,7 +50,9 @@ TYPES = {
     "q6_k": GGMLType.Q6_K,
     "q6_k_rows": GGMLType.Q6_K,
     "q8_0": GGMLType.Q8_0,
+    "q8_0_rows": GGMLType.Q8_0,
     "q5_0": GGMLType.Q5_0,
+    "q5_0_rows": GGMLType.Q5_0,
 }
 KERNELS = ("q4_1", *TYPES)
 

@@ -3,8 +3,8 @@
 ``GgmlLinear`` runs the C kernel of its GGML type (``engine/cpu/ggml_kernels.py``, ``KERNEL_TYPES``)
 on the file's blocks: the K-quants as they are (or tile by tile), Q8_0 and Q5_0 tile by tile on int8
 activations where the CPU has AVX2 (``engine/cpu/q8_0_tiles.py``), else split in place into codes and
-scales for the int16 row-by-row tiles. ``GgmlEmbedding`` looks rows up in the same blocks and dequantizes only them, so no
-float32 table exists beside them, tied or not. ``StackedLinear`` puts q/k/v or gate/up side by side,
+scales for the int16 row-by-row tiles. ``GgmlEmbedding`` looks rows up in the same blocks and
+dequantizes only them, so no float32 table exists beside them, tied or not. ``StackedLinear`` puts q/k/v or gate/up side by side,
 each part on its own kernel (a Q4_K_M file's v_proj is Q6_K in some layers, Q4_K in others).
 """
 
@@ -51,7 +51,7 @@ class GgmlLinear(nn.Module):
         self.ggml_type, self.format = ggml_type, spec.name
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.scales: torch.Tensor | None = None
-        tiled = ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
+        tiled = tile and ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
             ggml_type in _DEQUANTIZED_FROM_TILES or not rows_looked_up
         )
         if tiled and ggml_type in ggml_kernels.ANY_ROWS:

@@ -81,9 +81,10 @@ def test_kquant_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None
 
 
 def test_q8_0_blocks_run_as_q8_0_exactly() -> None:
+    """The row-by-row path (CPUs without AVX2; the tiles: test_q8_0_tiles.py)."""
     raw = random_blocks(Q.Q8_0, 20, 256)
     dense = ggml_kernels.dequantize_ref(raw, Q.Q8_0)
-    linear = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q8_0, 256)
+    linear = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q8_0, 256, tile=False)
     assert linear.format == "q8_0" and linear.scales is not None
     # the codes and scales give gguf's dequantized weight back exactly
     codes = linear.qweight.float().reshape(20, -1, 32) * linear.scales.float()[..., None]
@@ -116,10 +117,11 @@ def _as_q8_0(raw: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("rows", [1, 3, 4, 9])
 def test_the_q5_0_kernel_matches_the_reference_and_q8_0(fill: int | None, rows: int) -> None:
     """On the file's bytes split in place: gguf's dequantization times the int16 rows within float32
-    rounding, and bit for bit the Q8_0 kernel on the same weights (its arithmetic after unpacking)."""
+    rounding, and bit for bit the Q8_0 kernel on the same weights (its arithmetic after unpacking). The
+    row-by-row path, CPUs without AVX2 (the tiles: test_q8_0_tiles.py)."""
     raw = _q5_0_blocks(37, 576, fill, seed=rows)  # 37: a partial tile; 576: the default model's width
     x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)) * 3
-    linear = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q5_0, 576)
+    linear = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q5_0, 576, tile=False)
     assert linear.format == "q5_0" and linear.qweight.shape == (37, 18 * 20)
     out = linear(x)
     torch.testing.assert_close(out, ggml_kernels.matmul_ref(x, raw, Q.Q5_0), rtol=1e-5, atol=1e-4)
@@ -199,7 +201,7 @@ def test_a_mixed_gguf_loads_in_its_own_blocks(
     assert formats == {
         "self_attn.q_proj": "q4_k" + tiled,
         "self_attn.v_proj": "q6_k" + tiled,
-        "mlp.up_proj": "q5_0",
+        "mlp.up_proj": "q5_0" + tiled,
     }
     assert not any(type(m) is nn.Linear for m in model.modules())  # no float weight anywhere
     ids = [3, 70, 101, 200, 12, 256, 9]

@@ -32,9 +32,8 @@ def test_each_type_has_its_path_on_this_cpu() -> None:
     paths = ggml_kernels.serving_paths()
     tiled = ggml_kernels.tiled_isa() is not None
     assert paths["tiles_isa"] == (ggml_kernels.tiled_isa() or "none")
-    for name in ("Q4_K", "Q5_K", "Q6_K"):
+    for name in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q5_0"):
         assert paths[name] == ("tiled" if tiled else "rows")
-    assert paths["Q8_0"] == paths["Q5_0"] == "rows"
     assert ggml_kernels.serving_path(Q.Q4_0) == "dequantized"  # its own path: Int4Linear
 
 

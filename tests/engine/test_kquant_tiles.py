@@ -1,4 +1,5 @@
-"""The K-quant tiles (Q4_K, Q5_K, Q6_K tile by tile against int8 Q8_K rows) on each instruction set a
+"""The K-quant tiles (Q4_K, Q5_K, Q6_K tile by tile against int8 Q8_K rows) and the Q8_0 and Q5_0 tiles
+(against llama.cpp's Q8_0 activation blocks, ``engine/cpu/q8_0_tiles.py``) on each instruction set a
 build can pick (``ggml_kernels.tiled_isa``: AVX-512 VNNI, 256-bit VNNI, AVX2): against the plain
 reference, bitwise batch- and thread-independent, and the same bits on all three. This machine's build
 runs here; test_ggml_kernels.py reruns this file with the AVX2 build (``TERN_CPU_AVX512=0``, checked to
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.cpu import ggml_kernels, kernels
+from engine.cpu import ggml_kernels, kernels, q8_0_tiles
 from engine.layers.ggml_linear import GgmlEmbedding, GgmlLinear
 from tests.engine.ggml_files import Q, random_blocks
 from tests.engine.test_ggml_kernels import assert_rows_are_batch_and_thread_independent
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.skipif(
     reason="the K-quant tiles need a C compiler and AVX2",
 )
 KQUANTS = [Q.Q4_K, Q.Q5_K, Q.Q6_K]
+BLOCKS_OF_32 = [Q.Q8_0, Q.Q5_0]
 EXPECTED_ENV = "TERN_TEST_TILES_EXPECTED"
 """A file of :func:`kquant_tiles_outputs` from another build, which this one's must equal bit for bit."""
 
@@ -101,8 +103,63 @@ def test_a_tied_q6_k_heads_tiles_give_the_embedding_rows_back() -> None:
     torch.testing.assert_close(GgmlEmbedding(head, 512)(ids), expected, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
+@pytest.mark.parametrize("rows", [1, 5, 9, 17])
+def test_q8_0_and_q5_0_tiles_match_the_reference_and_the_batch(ggml_type: Q, rows: int) -> None:
+    """37 weight rows (a short last tile), K 1,152 (Gemma-3-1B's hidden size, not a multiple of 256)."""
+    raw = random_blocks(ggml_type, 37, 1152, seed=rows)
+    tiled = q8_0_tiles.tile(torch.from_numpy(raw.copy()), ggml_type)
+    x = torch.randn(rows, 1152, generator=torch.Generator().manual_seed(rows)) * 3
+    out = q8_0_tiles.matmul(x, tiled, ggml_type)
+    torch.testing.assert_close(out, q8_0_tiles.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-4)
+    for i in range(rows):
+        assert torch.equal(q8_0_tiles.matmul(x[i : i + 1], tiled, ggml_type)[0], out[i])
+
+
+@pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
+def test_q8_0_and_q5_0_tile_rows_do_not_depend_on_the_batch_or_threads(ggml_type: Q) -> None:
+    tiled = q8_0_tiles.tile(torch.from_numpy(random_blocks(ggml_type, 70, 768)), ggml_type)
+    assert_rows_are_batch_and_thread_independent(lambda x: q8_0_tiles.matmul(x, tiled, ggml_type))
+
+
+def test_the_q8_0_tiles_activation_quantizer_is_the_plain_reference() -> None:
+    x = torch.randn(5, 1152, generator=torch.Generator().manual_seed(3)) * 4
+    x[1, :32] = 0.0  # a block of zeros: scale 0, codes 0
+    x[2, 300] = 1e4  # one outlier: the rest of its block rounds to 0
+    x[3] = x[3].round() / 8  # halves: ties round to even
+    got = q8_0_tiles.quantize_rows_q8_0(x)
+    for tensor, reference in zip(got, q8_0_tiles.quantize_rows_q8_0_ref(x), strict=True):
+        assert torch.equal(tensor, reference)
+    assert got[0].abs().max() == 127 and got[1][1, 0] == 0 and got[2][1, 0] == 0
+
+
+@pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
+def test_q8_0_and_q5_0_tiles_extreme_codes_do_not_overflow(ggml_type: Q) -> None:
+    """Every code byte 0x00, 0xFF or 0x80 (Q8_0: -128 too, whose magnitude AVX2 reads as 128 unsigned;
+    Q5_0: every code -16 or +15), against rows at +-127: the largest products AVX2 sums in int16."""
+    for fill in (0x00, 0xFF, 0x80):
+        raw = random_blocks(ggml_type, 21, 512)
+        raw.reshape(21, 16, -1)[..., 2:] = fill
+        x = torch.full((2, 512), 1.0)
+        x[1] *= -1
+        out = q8_0_tiles.matmul(x, q8_0_tiles.tile(torch.from_numpy(raw.copy()), ggml_type), ggml_type)
+        torch.testing.assert_close(out, q8_0_tiles.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
+def test_a_tied_q8_0_or_q5_0_heads_tiles_give_the_embedding_rows_back(ggml_type: Q) -> None:
+    raw = random_blocks(ggml_type, 37, 1152)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), ggml_type, 1152, rows_looked_up=True)
+    assert head.format == f"{ggml_type.name.lower()}_tiled"
+    ids = torch.tensor([[0, 36, 17], [32, 15, 15]])  # 32..36: the short last tile
+    assert torch.equal(GgmlEmbedding(head, 1152)(ids), ggml_kernels.dequantize_ref(raw, ggml_type)[ids])
+    x = torch.randn(3, 1152)
+    assert torch.equal(head(x), q8_0_tiles.matmul(x, q8_0_tiles.tile(torch.from_numpy(raw), ggml_type), ggml_type))
+
+
 def kquant_tiles_outputs() -> dict[str, torch.Tensor]:
-    """Each K-quant's tiles on fixed random weights and rows (1, 4, 7 and 13 rows: every tail)."""
+    """Each K-quant's tiles on fixed random weights and rows (1, 4, 7 and 13 rows: every tail), and
+    Q8_0's and Q5_0's (37 rows: a short last tile; K 1,152, Gemma-3-1B's, not a multiple of 256)."""
     outputs = {}
     for ggml_type in KQUANTS:
         raw = random_blocks(ggml_type, 32, 768, seed=5)
@@ -110,6 +167,11 @@ def kquant_tiles_outputs() -> dict[str, torch.Tensor]:
         for rows in (1, 4, 7, 13):
             x = torch.randn(rows, 768, generator=torch.Generator().manual_seed(rows)) * 2
             outputs[f"{ggml_type.name}-{rows}"] = ggml_kernels.matmul_tiled(x, tiled, ggml_type)
+    for ggml_type in BLOCKS_OF_32:
+        tiled = q8_0_tiles.tile(torch.from_numpy(random_blocks(ggml_type, 37, 1152, seed=5)), ggml_type)
+        for rows in (1, 4, 7, 13):
+            x = torch.randn(rows, 1152, generator=torch.Generator().manual_seed(rows)) * 2
+            outputs[f"{ggml_type.name}-{rows}"] = q8_0_tiles.matmul(x, tiled, ggml_type)
     return outputs
 
 
