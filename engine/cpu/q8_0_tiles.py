@@ -48,7 +48,9 @@ def tile(blocks: torch.Tensor, ggml_type: GGMLType) -> torch.Tensor:
     """Q8_0 or Q5_0 rows of blocks [N, K / 32 * block bytes] rearranged in place into the tiles (a C loop a
     tile at a time): the same bytes in the blocks' own memory, returned in the same shape."""
     nb = _blocks_per_row(blocks, ggml_type)
-    kernels._check(_lib().tern_tile_q8_0(int(ggml_type == GGMLType.Q5_0), blocks.data_ptr(), blocks.shape[0], nb))
+    kernels._check(
+        _lib().tern_tile_q8_0(int(ggml_type == GGMLType.Q5_0), blocks.data_ptr(), blocks.shape[0], nb)
+    )
     return blocks
 
 
@@ -58,7 +60,9 @@ def matmul(x: torch.Tensor, tiled: torch.Tensor, ggml_type: GGMLType) -> torch.T
     m, k = x.shape
     n, nb = tiled.shape[0], _blocks_per_row(tiled, ggml_type)
     if nb * BLOCK != k:
-        raise kernels.KernelError(f"rows of {k} do not fit tiled {ggml_type.name} blocks {tuple(tiled.shape)}")
+        raise kernels.KernelError(
+            f"rows of {k} do not fit tiled {ggml_type.name} blocks {tuple(tiled.shape)}"
+        )
     out = torch.empty(m, n, dtype=torch.float32)
     q5 = int(ggml_type == GGMLType.Q5_0)
     kernels._check(_lib().tern_matmul_q8_0_tiled(q5, x.data_ptr(), m, k, tiled.data_ptr(), n, out.data_ptr()))

@@ -4,8 +4,9 @@
 on the file's blocks: the K-quants as they are (or tile by tile), Q8_0 and Q5_0 tile by tile on int8
 activations where the CPU has AVX2 (``engine/cpu/q8_0_tiles.py``), else split in place into codes and
 scales for the int16 row-by-row tiles. ``GgmlEmbedding`` looks rows up in the same blocks and
-dequantizes only them, so no float32 table exists beside them, tied or not. ``StackedLinear`` puts q/k/v or gate/up side by side,
-each part on its own kernel (a Q4_K_M file's v_proj is Q6_K in some layers, Q4_K in others).
+dequantizes only them, so no float32 table exists beside them, tied or not. ``StackedLinear`` puts
+q/k/v or gate/up side by side, each part on its own kernel (a Q4_K_M file's v_proj is Q6_K in some
+layers, Q4_K in others).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from engine.cpu import ggml_kernels, q8_0_tiles
 from engine.cpu import kernels as cpu_kernels
 from engine.cpu.ggml_kernels import GGMLType
 from engine.layers.quant.linear import Int4Linear
-
 
 _DEQUANTIZED_FROM_TILES = frozenset({GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})
 """Tiled types whose rows an embedding reads from the tiles (the others' tied heads stay rows of blocks)."""
@@ -51,12 +51,17 @@ class GgmlLinear(nn.Module):
         self.ggml_type, self.format = ggml_type, spec.name
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.scales: torch.Tensor | None = None
-        tiled = tile and ggml_kernels.tiles(ggml_type, blocks.shape[0]) and (
-            ggml_type in _DEQUANTIZED_FROM_TILES or not rows_looked_up
+        tiled = (
+            tile
+            and ggml_kernels.tiles(ggml_type, blocks.shape[0])
+            and (ggml_type in _DEQUANTIZED_FROM_TILES or not rows_looked_up)
         )
         if tiled and ggml_type in ggml_kernels.ANY_ROWS:
             # Q8_0 and Q5_0: tile by tile on int8 activations (a tied head's rows dequantized from them)
-            self.qweight, self.format = q8_0_tiles.tile(blocks, ggml_type), ggml_kernels.TILED_FORMATS[ggml_type].name
+            self.qweight, self.format = (
+                q8_0_tiles.tile(blocks, ggml_type),
+                ggml_kernels.TILED_FORMATS[ggml_type].name,
+            )
         elif tiled:
             # tile by tile for the K-quant tiles (a tied Q6_K head's rows are dequantized from its tiles)
             self.qweight, self.format = (

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -146,6 +147,22 @@ def test_q8_0_and_q5_0_tiles_extreme_codes_do_not_overflow(ggml_type: Q) -> None
         torch.testing.assert_close(out, q8_0_tiles.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-3)
 
 
+def test_q5_0_tiles_are_its_exact_q8_0_conversions_tiles_bit_for_bit() -> None:
+    """Q5_0's unsigned codes q less 16 times the row's block sum is the integer dot of the codes q - 16,
+    which a Q8_0 weight of those codes and the same scales gives: the same bits."""
+    raw = random_blocks(Q.Q5_0, 37, 1152, seed=2)
+    scales = raw.reshape(37, -1, 22)[..., :2]
+    codes = (
+        ggml_kernels.dequantize_ref(raw, Q.Q5_0).reshape(37, -1, 32)
+        / torch.from_numpy(scales.copy()).view(torch.float16).float()
+    )
+    q8_0 = np.concatenate((scales, codes.round().to(torch.int8).numpy().view(np.uint8)), axis=-1)
+    x = torch.randn(9, 1152) * 2
+    as_q5_0 = q8_0_tiles.matmul(x, q8_0_tiles.tile(torch.from_numpy(raw), Q.Q5_0), Q.Q5_0)
+    q8_0_weight = q8_0_tiles.tile(torch.from_numpy(q8_0.reshape(37, -1).copy()), Q.Q8_0)
+    assert torch.equal(as_q5_0, q8_0_tiles.matmul(x, q8_0_weight, Q.Q8_0))
+
+
 @pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
 def test_a_tied_q8_0_or_q5_0_heads_tiles_give_the_embedding_rows_back(ggml_type: Q) -> None:
     raw = random_blocks(ggml_type, 37, 1152)
@@ -154,7 +171,9 @@ def test_a_tied_q8_0_or_q5_0_heads_tiles_give_the_embedding_rows_back(ggml_type:
     ids = torch.tensor([[0, 36, 17], [32, 15, 15]])  # 32..36: the short last tile
     assert torch.equal(GgmlEmbedding(head, 1152)(ids), ggml_kernels.dequantize_ref(raw, ggml_type)[ids])
     x = torch.randn(3, 1152)
-    assert torch.equal(head(x), q8_0_tiles.matmul(x, q8_0_tiles.tile(torch.from_numpy(raw), ggml_type), ggml_type))
+    assert torch.equal(
+        head(x), q8_0_tiles.matmul(x, q8_0_tiles.tile(torch.from_numpy(raw), ggml_type), ggml_type)
+    )
 
 
 def kquant_tiles_outputs() -> dict[str, torch.Tensor]:

@@ -1,7 +1,8 @@
 /* Probe, not part of the engine (bench/engine/kquant_callgrind/run.sh): one call of a GGUF block kernel,
  * rows x K against N random weight rows, whose instructions callgrind counts (--toggle-collect on the
  * kernel's entry point: the weight's tiling at load and the setup are left out).
- *   probe KERNEL ROWS K N    KERNEL: q4_k q5_k q6_k (row by row), q4_k_tiled q5_k_tiled q6_k_tiled, q8_0 */
+ *   probe KERNEL ROWS K N    KERNEL: q4_k q5_k q6_k (row by row), q4_k_tiled q5_k_tiled q6_k_tiled, q8_0 q5_0
+ *                            (row by row, int16 rows), q8_0_tiled q5_0_tiled (int8 rows) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,14 @@ int main(int argc, char **argv) {
     int rc;
     if (strcmp(kernel, "q8_0") == 0) {
         rc = tern_matmul_q8_0(x, M, K, (const int8_t *)w, d, N, out);
+    } else if (strcmp(kernel, "q5_0") == 0) {
+        rc = tern_matmul_q5_0(x, M, K, w, d, N, out);
+    } else if (strcmp(kernel, "q8_0_tiled") == 0 || strcmp(kernel, "q5_0_tiled") == 0) {
+        const int q5 = kernel[1] == '5';
+        const int64_t bytes = q5 ? 22 : 34; /* GGUF blocks, each block's scale a sane float16 */
+        for (int64_t b = 0; b < N * (K / 32); b++) memcpy(w + b * bytes, &d[0], 2);
+        tern_tile_q8_0(q5, w, N, K / 32);
+        rc = tern_matmul_q8_0_tiled(q5, x, M, K, w, N, out);
     } else if (strstr(kernel, "_tiled")) {
         if (type == 2) tern_tile_q6_k(w, N, nsb);
         else tern_tile_k(type, w, N, nsb);

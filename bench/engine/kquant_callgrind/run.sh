@@ -9,11 +9,11 @@ set -eu
 HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../../engine/cpu"; OUT="$(mktemp -d)"
 K="${1:-2048}"; N="${2:-2048}"
 SOURCES="quant_rows.c quant_kernels.c q4_1_tiled_kernels.c kquant_kernels.c q8k_rows.c kquant_tiled_kernels.c
-kquant_tiled_avx2.c q6_k_tiled_kernels.c q6_k_tiled_avx2.c"
+kquant_tiled_avx2.c q6_k_tiled_kernels.c q6_k_tiled_avx2.c q8_0_rows.c q8_0_tiled_kernels.c q8_0_tiled_avx2.c"
 cc -O3 -march=znver3 -mno-avx512f -DTERN_NO_AVX512 -fopenmp -std=c11 -I"$CPU" "$HERE/probe.c" \
   $(for s in $SOURCES; do echo "$CPU/$s"; done) -o "$OUT/probe" -lm
 entry() {  # the kernel's entry point (exactly: its OpenMP body, NAME._omp_fn.0, would toggle collection off)
-  case "$1" in q8_0) echo tern_matmul_q8_0;; q6_k_tiled) echo tern_matmul_q6_k_tiled;; *_tiled) echo tern_matmul_k_tiled;;
+  case "$1" in q8_0) echo tern_matmul_q8_0;; q5_0) echo tern_matmul_q5_0;; q[58]_0_tiled) echo tern_matmul_q8_0_tiled;; q6_k_tiled) echo tern_matmul_q6_k_tiled;; *_tiled) echo tern_matmul_k_tiled;;
   *) echo tern_matmul_kquant;; esac
 }
 count() {
