@@ -2,6 +2,14 @@
  *
  *   out[M, N] = x[M, K] @ W[N, K]^T, x float32, W quantized in blocks of 32 along K.
  *
+ * These are the row-by-row tiles on int16 rows. A GGUF file's own Q8_0 and Q5_0 linears run them only
+ * where the CPU has no AVX2: elsewhere they are tiled at load and run on int8 rows, llama.cpp's Q8_0
+ * activation blocks, with vpdpbusd (q8_0_rows.c, q8_0_tiled_kernels.c, q8_0_tiled_avx2.c; callgrind at
+ * 2048 x 2048 on AVX2: Q8_0 0.475 -> 0.280 instructions a multiply-add at 1 row, 0.287 -> 0.229 at 16;
+ * Q5_0 0.865 -> 0.337 and 0.318 -> 0.196; docs/engine.md, "The K-quant tiles by instruction set"). What
+ * stays here: q4_1 (the default model's, where the CPU has no AVX-512 VNNI), and q8_0 for float weights
+ * requantized at load (Q8CpuLinear: F16/BF16 linears and the types with no kernel of their own).
+ *
  * Each row of x is quantized on the fly to int16 with one float scale dx (15 bits against the row's
  * largest value; llama.cpp's int8 blocks lose enough to flip near-tied greedy tokens), and each
  * block product is an integer dot product (vpmaddwd: a block a 512-bit register with AVX-512, two

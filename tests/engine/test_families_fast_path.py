@@ -47,13 +47,13 @@ TYPE_MIXES = {
 }
 AGREEMENT_MEASURED = {
     "q4_k_m": {
-        "llama": (0.980, 1.0, 396),
-        "llama_hd128": (0.973, 1.0, 400),
-        "llama3": (0.984, 1.0, 397),
-        "qwen3": (0.973, 1.0, 376),
-        "smollm3": (0.980, 1.0, 401),
+        "llama": (0.961, 1.0, 373),
+        "llama_hd128": (0.969, 1.0, 387),
+        "llama3": (0.975, 1.0, 379),
+        "qwen3": (0.967, 1.0, 353),
+        "smollm3": (0.963, 1.0, 388),
         "gemma3": (1.0, 1.0, 0),
-        "phi3": (0.990, 1.0, 398),
+        "phi3": (0.984, 1.0, 378),
     },
     "q4_0_q4_1": {
         "llama": (1.0, 1.0, 511),
@@ -65,9 +65,11 @@ AGREEMENT_MEASURED = {
         "phi3": (1.0, 1.0, 511),
     },
 }
-"""Measured here (AMD EPYC, AVX-512 VNNI: the Q4_K_M mix on the tiles' int8 activations, Q4_0/Q4_1 on
-int16): top-1 agreement with float32 over all 512 positions, over the positions its baseline decides,
-and how many those are. Over all positions Qwen3's 0.973 is its 128-wide heads, not its q/k norm: a
+"""Measured here (AMD EPYC, AVX-512 VNNI: the Q4_K_M mix on the tiles' int8 activations, its Q8_0 and
+Q5_0 parts too since they run tiles of their own (before, on int16 rows: 0.980, 0.973, 0.984, 0.973,
+0.980, 1.0, 0.990 over all positions, 1.0 over 376-401 decided), Q4_0/Q4_1 on int16): top-1 agreement
+with float32 over all 512 positions, over the positions its baseline decides, and how many those are.
+Over all positions Qwen3's 0.973 (at int16 Q8_0/Q5_0 rows) is its 128-wide heads, not its q/k norm: a
 plain Llama of its shapes lands on the same 0.973, and Qwen3's logit error is no larger (mean
 |fast - f32| 0.322 against Llama's 0.325 and 0.335 for the 128-wide Llama); every flip in any family
 sits at a float32 top-2 margin under 1.7 logits (of a logit spread of 22; median margin 7.6). Gemma 3's

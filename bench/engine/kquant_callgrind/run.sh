@@ -2,7 +2,9 @@
 # Instructions per multiply-add of the K-quant kernels built for AVX2 only (-march=znver3, as on a Zen 3
 # CPU; -mno-avx512f, as TERN_CPU_AVX512=0 builds), one thread, under callgrind (counts instructions, not
 # time: what a loaded machine does not change): the tiles (kquant_tiled_avx2.c, q6_k_tiled_avx2.c) against
-# the row-by-row kernels (kquant_kernels.c) and Q8_0's (what a conversion would run). From the project root:
+# the row-by-row kernels (kquant_kernels.c) and Q8_0's (what a conversion would run); Q8_0's and Q5_0's
+# row tiles on int16 rows (q8_0, q5_0) against their int8 tiles (q8_0_tiled, q5_0_tiled, q8_0_tiled_avx2.c;
+# AVX-512's, which valgrind cannot run, are counted statically by block_loops.py). From the project root:
 #   bash bench/engine/kquant_callgrind/run.sh [K N]     (needs cc and valgrind; docs/engine.md, "GGUF types")
 # ROWS="1 16 64" and KERNELS="q4_k q4_k_tiled ..." (the environment) pick what runs.
 set -eu
