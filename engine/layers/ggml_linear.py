@@ -25,6 +25,12 @@ from engine.layers.quant.linear import Int4Linear
 
 _DEQUANTIZED_FROM_TILES = frozenset({GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})
 """Tiled types whose rows an embedding reads from the tiles (the others' tied heads stay rows of blocks)."""
+HEADS_ON_INT16_ROWS = frozenset({GGMLType.Q8_0, GGMLType.Q5_0})
+"""Output heads of these types keep the row-by-row tiles' int16 rows where the CPU has the int8 tiles: the
+default model's tied Q8_0 head on int8 rows (llama.cpp's Q8_0 blocks) kept its perplexity (18.916 against
+float32's 18.907; 18.906 on int16) but flipped the first greedy token of "What is the capital of France?"
+(test_cpu_fast_path.py: "L'Étoile, ..." for "Paris"): a head's output is the token's choice, its near-ties
+decided by the rows' precision. The decoder linears take the int8 tiles (docs/engine.md)."""
 _Q8_0_TILED = frozenset({ggml_kernels.Q8_0_TILED.name, ggml_kernels.Q5_0_TILED.name})
 
 
@@ -40,10 +46,11 @@ class GgmlLinear(nn.Module):
         *,
         rows_looked_up: bool = False,
         tile: bool = True,
+        head: bool = False,
     ) -> None:
         """``blocks`` are consumed: rearranged in place into the kernel's layout (Q8_0's split, Q4_K's
         tiles). ``rows_looked_up``: an embedding reads rows of it too (a tied head), so its rows stay
-        rows of GGUF blocks."""
+        rows of GGUF blocks. ``head``: the output head (:data:`HEADS_ON_INT16_ROWS`)."""
         super().__init__()
         spec = ggml_kernels.kernel_format(ggml_type, in_features)
         if spec is None:
@@ -53,6 +60,7 @@ class GgmlLinear(nn.Module):
         self.scales: torch.Tensor | None = None
         tiled = (
             tile
+            and not (head and ggml_type in HEADS_ON_INT16_ROWS)
             and ggml_kernels.tiles(ggml_type, blocks.shape[0])
             and (ggml_type in _DEQUANTIZED_FROM_TILES or not rows_looked_up)
         )

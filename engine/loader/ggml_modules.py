@@ -57,7 +57,8 @@ class GgmlBlocks:
                 raise ValueError(
                     f"{module}: GGML blocks for {type(linear).__name__}, which is not a linear layer"
                 )
-            model.set_submodule(module, GgmlLinear(blocks, ggml_type, linear.in_features, linear.bias))
+            kept = GgmlLinear(blocks, ggml_type, linear.in_features, linear.bias, head=module == HEAD)
+            model.set_submodule(module, kept)
             installed += 1
         if EMBEDDING in self.tensors:
             blocks, ggml_type = self.tensors[EMBEDDING]
@@ -66,7 +67,7 @@ class GgmlBlocks:
                 raise ValueError(f"{EMBEDDING}: GGML blocks for {type(embedding).__name__}, not an embedding")
             width = embedding.embedding_dim
             if tied and kernel_format(ggml_type, width) is not None:
-                head = GgmlLinear(blocks, ggml_type, width, rows_looked_up=True)
+                head = GgmlLinear(blocks, ggml_type, width, rows_looked_up=True, head=True)
                 model.set_submodule(HEAD, head)
                 model.set_submodule(EMBEDDING, GgmlEmbedding(head, width))
                 installed += 2

@@ -176,6 +176,16 @@ def test_a_tied_q8_0_or_q5_0_heads_tiles_give_the_embedding_rows_back(ggml_type:
     )
 
 
+@pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
+def test_a_q8_0_or_q5_0_output_head_keeps_the_int16_rows(ggml_type: Q) -> None:
+    """An output head's near-ties are its token choices (ggml_linear.HEADS_ON_INT16_ROWS): the row tiles."""
+    raw = random_blocks(ggml_type, 37, 576)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), ggml_type, 576, rows_looked_up=True, head=True)
+    assert head.format == ggml_type.name.lower() and head.scales is not None
+    x = torch.randn(2, 576)
+    torch.testing.assert_close(head(x), ggml_kernels.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-4)
+
+
 def kquant_tiles_outputs() -> dict[str, torch.Tensor]:
     """Each K-quant's tiles on fixed random weights and rows (1, 4, 7 and 13 rows: every tail), and
     Q8_0's and Q5_0's (37 rows: a short last tile; K 1,152, Gemma-3-1B's, not a multiple of 256)."""
