@@ -30,40 +30,24 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "row_codes_avx2.h"
 
 #define QK 32
 #define TILE_N 16
 #define BLOCK_BYTES(q5) ((q5) ? 22 : 34)
 
 #ifdef TERN_KQ_TILED
-/* One row's blocks (8 floats a vector: the max is exact, cvtps rounds to even, the int16 clamp and packs
- * are the int32 clamp's values once |q| <= 127), q8k_rows.c's quantizer at a block of 32. */
+/* One row's blocks, 8 floats a vector: q8k_rows.c's quantizer at a block of 32 (row_codes_avx2.h). */
 static void q8_0_row(const float *x, int64_t K, int8_t *qs, float *d, int32_t *sums) {
     for (int64_t b = 0; b < K / QK; b++) {
         const float *xb = x + b * QK;
-        __m256 amax = _mm256_setzero_ps();
-        for (int e = 0; e < QK; e += 8)
-            amax = _mm256_max_ps(amax, _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_loadu_ps(xb + e)));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        const float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-        d[b] = m / 127.0f;
-        const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+        const __m256 inv = block_scale_avx2(xb, QK, d + b);
         __m256i total = _mm256_setzero_si256();
         for (int e = 0; e < QK; e += 16) {
-            const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + e), inv));
-            const __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + e + 8), inv));
-            /* packs interleaves the 128-bit lanes: 0xD8 puts the 16 codes back in order */
-            __m256i q = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
-            q = _mm256_min_epi16(_mm256_max_epi16(q, _mm256_set1_epi16(-127)), _mm256_set1_epi16(127));
-            _mm_storeu_si128((__m128i *)(qs + b * QK + e),
-                             _mm_packs_epi16(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1)));
+            const __m256i q = codes16_avx2(xb + e, inv, qs + b * QK + e);
             total = _mm256_add_epi32(total, _mm256_madd_epi16(q, _mm256_set1_epi16(1)));
         }
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(1, 0, 3, 2)));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, _MM_SHUFFLE(2, 3, 0, 1)));
-        sums[b] = _mm_cvtsi128_si32(s4);
+        sums[b] = sum8_epi32(total);
     }
 }
 
