@@ -17,7 +17,8 @@
  * Activations: BitNet's per-token absmax quantization to int8, scale s a row (ternary_activations.c).
  *
  * Each block product is an integer dot product of unsigned codes (0..2) and signed activations
- * (vpdpbusd with AVX-512 VNNI, vpmaddubsw + vpmaddwd otherwise), exact; the codes' offset of one
+ * (vpdpbusd with AVX-512 VNNI, vpmaddubsw + vpmaddwd otherwise; on AVX2 one activation row, a decode
+ * step at one stream, runs ternary_row_avx2.c's four weight rows a pass), exact; the codes' offset of one
  * is taken out with the sum of the block's activation codes. Then, per output element:
  *
  *   row scales:   out = (float)dot / s * ws[n]                        (the torch path's formula)
@@ -242,7 +243,7 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
 #define T_ROWS 4
 /* One weight row at a time (the activations are vpmaddubsw's memory operand; two weight rows' int16 and
  * int32 sums spilled AVX2's 16 registers). One activation row (a one-stream step) takes a group of four
- * weight rows a pass in ternary_row_avx2.c (0.22 -> 0.11 instructions a multiply-add, callgrind), the
+ * weight rows a pass in ternary_row_avx2.c (0.226 -> 0.136 instructions a multiply-add, callgrind), the
  * N % 4 left two and one at a time here. */
 #define T_COLUMNS 1
 #define T_ONE_ROW_COLUMNS 2

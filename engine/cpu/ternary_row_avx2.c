@@ -11,13 +11,16 @@
  *     four times theirs (unit: at most 4 * 2 * 2 * 128 = 2048 a lane; fours: 4 * 2 * 8 * 128 = 8192),
  *     then unit + (fours >> 2), exact (every term of fours is a multiple of 4), widened once by
  *     vpmaddwd;
- *   - the four rows' block dots in one vector (a transposing add tree, as the AVX-512 tile's), less the
- *     block's activation sum (the codes' offset of one), then per lane the scalar path's float
- *     operations in its order: (float)dot * d and total + part, or the integer sum for row scales.
+ *   - the four rows' block dots in one vector (a transposing add tree, as the AVX-512 tile's, its first
+ *     two levels in int16), less the block's activation sum (the codes' offset of one), then per lane
+ *     the scalar path's float operations in its order: (float)dot * d and total + part, or the
+ *     integer sum for row scales.
  *
- * 13 instructions for 128 multiply-adds where the 4-row tile's one-row form (two rows a pass, a
- * horizontal sum per row and block) took about 0.21 an operation (callgrind, docs/engine.md, "Ternary
- * on AVX2"). The integers and the float operations are the other paths', so the bits are theirs.
+ * 14 instructions for 128 multiply-adds (a load, a shift, four masks, four vpmaddubsw, four adds) and
+ * about 23 a block for the tree and the scales: 0.136 instructions a multiply-add at 2048 x 8192 where
+ * the 4-row tile's one-row form (two weight rows a pass, a horizontal sum per row and block) took 0.226
+ * (callgrind, bench/engine/kquant_callgrind; docs/engine.md, "Ternary on AVX2"). The integers and the
+ * float operations are the other paths', so the bits are theirs.
  */
 #include <stdint.h>
 
@@ -49,10 +52,13 @@ static inline __attribute__((always_inline)) __m128i block_dots(const uint8_t *w
         }
 #undef X
     }
-    __m256i wide[4];
-    for (int j = 0; j < 4; j++) wide[j] = _mm256_madd_epi16(_mm256_add_epi16(unit[j], _mm256_srai_epi16(fours[j], 2)), ones);
-    const __m256i pairs = _mm256_hadd_epi32(_mm256_hadd_epi32(wide[0], wide[1]), _mm256_hadd_epi32(wide[2], wide[3]));
-    return _mm_add_epi32(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1));
+    /* a row's lane is 16 products of at most 2 * 128: within [-4096, 4064], so two levels of pairwise
+     * sums (4 lanes) stay exact in int16, before vpmaddwd widens the last pair */
+    __m256i rows[4];
+    for (int j = 0; j < 4; j++) rows[j] = _mm256_add_epi16(unit[j], _mm256_srai_epi16(fours[j], 2));
+    const __m256i quads = _mm256_hadd_epi16(_mm256_hadd_epi16(rows[0], rows[1]), _mm256_hadd_epi16(rows[2], rows[3]));
+    const __m256i wide = _mm256_madd_epi16(quads, ones); /* per 128-bit lane: the four rows' sums of 8 lanes */
+    return _mm_add_epi32(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1));
 }
 
 /* One group of four weight rows (its codes group, block scales wd or row scales ws at the group's first)
@@ -63,7 +69,8 @@ static inline __attribute__((always_inline)) void row_group(const uint8_t *group
     __m128 totals = _mm_setzero_ps();
     __m128i dots = _mm_setzero_si128();
     for (int64_t b = 0; b < nb; b++) {
-        const __m128i block = _mm_sub_epi32(block_dots(group + 4 * BLOCK_BYTES * b, xr + QKT * b), _mm_set1_epi32(sums[b]));
+        const __m128i sum = _mm_broadcastd_epi32(_mm_cvtsi32_si128(sums[b]));
+        const __m128i block = _mm_sub_epi32(block_dots(group + 4 * BLOCK_BYTES * b, xr + QKT * b), sum);
         if (BLOCKED) {
             const __m128 d = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(wd + 4 * b)));
             totals = _mm_add_ps(totals, _mm_mul_ps(_mm_cvtepi32_ps(block), d));
