@@ -98,7 +98,8 @@ def test_the_largest_partial_sums_stay_exact(rows: int) -> None:
     x = torch.ones(rows, 768)
     x[::2] = -3.0
     codes = ternary.pack_tq2(values)
-    for kwargs in ({"row_scales": torch.rand(12) + 0.01}, {"block_scales": (torch.rand(12, 3) + 0.01).half()}):
+    block_scales = (torch.rand(12, 3) + 0.01).half()
+    for kwargs in ({"row_scales": torch.rand(12) + 0.01}, {"block_scales": block_scales}):
         out = ternary.matmul_tq2(x, codes, **kwargs)
         assert torch.equal(out, ternary.matmul_tq2_ref(x, codes, **kwargs))
 
