@@ -42,6 +42,7 @@ SOURCES = tuple(
         "ternary_stack.c",
         "ternary_kernels.c",
         "ternary_activations.c",
+        "ternary_row_avx2.c",
     )
 )
 INCLUDES = tuple(

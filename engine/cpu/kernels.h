@@ -119,6 +119,13 @@ void tern_quantize_rows_i8(const float *x, int64_t M, int64_t K, int8_t *qs, flo
  * decode stack of layer_kernels.c. */
 void tern_tq2_tiles(const TernInt8Rows *q, int64_t M, const uint8_t *wq, const float *ws, const uint16_t *wd,
                     int64_t N, float *out);
+/* The one-row step of those tiles on AVX2 (ternary_row_avx2.c): four weight rows a pass, from n_begin (a
+ * multiple of 4) while whole groups fit below n_end; returns the first weight row it did not do. */
+#if defined(__AVX2__) && defined(__F16C__) && !defined(TERN_AVX512)
+#define TERN_TQ2_ROW_AVX2 1
+#endif
+int64_t tern_tq2_row_avx2(const TernInt8Rows *x, int64_t r, const uint8_t *qs, const float *ws, const uint16_t *wd,
+                          int64_t n_begin, int64_t n_end, int64_t N, float *out);
 int64_t tern_attention_chunks(const int32_t *context_lens, int64_t window, int64_t B, int64_t *first);
 void tern_paged_attention_work(const float *q, const void *k_cache, const void *v_cache, int half,
                                const int32_t *block_tables, int64_t width, const int32_t *context_lens,

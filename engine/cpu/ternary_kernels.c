@@ -17,7 +17,8 @@
  * Activations: BitNet's per-token absmax quantization to int8, scale s a row (ternary_activations.c).
  *
  * Each block product is an integer dot product of unsigned codes (0..2) and signed activations
- * (vpdpbusd with AVX-512 VNNI, vpmaddubsw + vpmaddwd otherwise), exact; the codes' offset of one
+ * (vpdpbusd with AVX-512 VNNI, vpmaddubsw + vpmaddwd otherwise; on AVX2 one activation row, a decode
+ * step at one stream, runs ternary_row_avx2.c's four weight rows a pass), exact; the codes' offset of one
  * is taken out with the sum of the block's activation codes. Then, per output element:
  *
  *   row scales:   out = (float)dot / s * ws[n]                        (the torch path's formula)
@@ -241,8 +242,9 @@ static inline __attribute__((always_inline)) void ternary_tile(const TernaryWeig
 }
 #define T_ROWS 4
 /* One weight row at a time (the activations are vpmaddubsw's memory operand; two weight rows' int16 and
- * int32 sums spilled AVX2's 16 registers), but two with one activation row (a one-stream step: 0.205 ->
- * 0.187 instructions a multiply-add, callgrind; four: 0.183). */
+ * int32 sums spilled AVX2's 16 registers). One activation row (a one-stream step) takes a group of four
+ * weight rows a pass in ternary_row_avx2.c (0.226 -> 0.136 instructions a multiply-add, callgrind), the
+ * N % 4 left two and one at a time here. */
 #define T_COLUMNS 1
 #define T_ONE_ROW_COLUMNS 2
 #else
@@ -275,11 +277,24 @@ static inline void ternary_tile(const TernaryWeights *w, const TernaryRows *x, i
 #define T_ONE_ROW_COLUMNS 1
 #endif
 
+/* One activation row against whole groups of four weight rows from n, where the ISA has a one-row kernel
+ * of its own (AVX2): the first weight row left. */
+static inline int64_t one_row_groups(const TernaryWeights *w, const TernaryRows *x, int64_t r, int64_t n,
+                                     int64_t n_end, int64_t N, float *out) {
+#ifdef TERN_TQ2_ROW_AVX2
+    return tern_tq2_row_avx2(x, r, w->qs, w->ws, w->wd, n, n_end, N, out);
+#else
+    (void)w, (void)x, (void)r, (void)n_end, (void)N, (void)out;
+    return n;
+#endif
+}
+
 /* One tile of weight rows [n_begin, n_end) against activation rows [r_begin, r_end): T_COLUMNS weight
  * rows at a time and the last ones alone, T_ROWS activation rows at a time and a tail of fewer. */
 #define T_COLUMN_LOOP(RR, BLOCKED)                                                                      \
     do {                                                                                                \
         int64_t n = n_begin;                                                                            \
+        if (RR == 1) n = one_row_groups(w, x, r, n, n_end, N, out);                                     \
         if (RR == 1)                                                                                \
             for (; n + T_ONE_ROW_COLUMNS <= n_end; n += T_ONE_ROW_COLUMNS)                                  \
                 ternary_tile(w, x, r, n, N, out, RR, T_ONE_ROW_COLUMNS, BLOCKED);                          \

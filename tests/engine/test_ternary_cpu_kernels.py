@@ -89,6 +89,21 @@ def test_matmul_is_the_reference_bit_for_bit(rows: int, n: int, k: int, scales: 
     assert torch.equal(out, ternary.matmul_tq2_ref(x, codes, **kwargs))
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_largest_partial_sums_stay_exact(rows: int) -> None:
+    """Every weight +1 (code 2) or -1 against activations all at the absmax (codes +-127): the widest
+    int16 partial sums a kernel keeps (the AVX2 one-row step sums 4 of its lanes before widening)."""
+    values = torch.ones(12, 768, dtype=torch.int8)
+    values[6:] = -1
+    x = torch.ones(rows, 768)
+    x[::2] = -3.0
+    codes = ternary.pack_tq2(values)
+    block_scales = (torch.rand(12, 3) + 0.01).half()
+    for kwargs in ({"row_scales": torch.rand(12) + 0.01}, {"block_scales": block_scales}):
+        out = ternary.matmul_tq2(x, codes, **kwargs)
+        assert torch.equal(out, ternary.matmul_tq2_ref(x, codes, **kwargs))
+
+
 def test_the_reference_is_the_dense_product_of_the_quantized_operands() -> None:
     """Independent of the kernel's formula: to float rounding, a plain matmul of what the codes stand for."""
     values, x = random_values(40, 512, seed=5), random_rows(6, 512, seed=2)

@@ -2,7 +2,8 @@
  * rows x K against N random weight rows, whose instructions callgrind counts (--toggle-collect on the
  * kernel's entry point: the weight's tiling at load and the setup are left out).
  *   probe KERNEL ROWS K N    KERNEL: q4_k q5_k q6_k (row by row), q4_k_tiled q5_k_tiled q6_k_tiled, q8_0 q5_0
- *                            (row by row, int16 rows), q8_0_tiled q5_0_tiled (int8 rows) */
+ *                            (row by row, int16 rows), q8_0_tiled q5_0_tiled (int8 rows), tq2 (ternary, block
+ *                            scales as llama-quantize writes TQ2_0), tq2_rows (row scales) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,17 @@ int main(int argc, char **argv) {
         if (type != 2) memcpy(w + sb * sb_bytes + 2, &h, 2);
     }
     int rc;
-    if (strcmp(kernel, "q8_0") == 0) {
+    if (strncmp(kernel, "tq2", 3) == 0) {
+        for (int64_t i = 0; i < N * K / 4; i++) { /* codes 0..2 (T + 1), four a byte */
+            uint8_t byte = 0;
+            for (int j = 0; j < 4; j++) byte |= (uint8_t)((next() % 3) << (2 * j));
+            w[i] = byte;
+        }
+        float *ws = malloc(sizeof(float) * N);
+        for (int64_t i = 0; i < N; i++) ws[i] = 0.001f;
+        const int rows = strcmp(kernel, "tq2_rows") == 0;
+        rc = tern_matmul_tq2(x, M, K, w, rows ? ws : NULL, rows ? NULL : d, N, out);
+    } else if (strcmp(kernel, "q8_0") == 0) {
         rc = tern_matmul_q8_0(x, M, K, (const int8_t *)w, d, N, out);
     } else if (strcmp(kernel, "q5_0") == 0) {
         rc = tern_matmul_q5_0(x, M, K, w, d, N, out);

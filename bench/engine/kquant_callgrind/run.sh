@@ -6,16 +6,20 @@
 # row tiles on int16 rows (q8_0, q5_0) against their int8 tiles (q8_0_tiled, q5_0_tiled, q8_0_tiled_avx2.c;
 # AVX-512's, which valgrind cannot run, are counted statically by block_loops.py). From the project root:
 #   bash bench/engine/kquant_callgrind/run.sh [K N]     (needs cc and valgrind; docs/engine.md, "GGUF types")
-# ROWS="1 16 64" and KERNELS="q4_k q4_k_tiled ..." (the environment) pick what runs.
+# ROWS="1 16 64" and KERNELS="q4_k q4_k_tiled ... tq2 tq2_rows" (the environment) pick what runs; the
+# ternary kernel (ternary_kernels.c): KERNELS="tq2 tq2_rows" ROWS=1 bash .../run.sh 2048 8192
 set -eu
 HERE="$(cd "$(dirname "$0")" && pwd)"; CPU="$HERE/../../../engine/cpu"; OUT="$(mktemp -d)"
 K="${1:-2048}"; N="${2:-2048}"
 SOURCES="quant_rows.c quant_kernels.c q4_1_tiled_kernels.c kquant_kernels.c q8k_rows.c kquant_tiled_kernels.c
-kquant_tiled_avx2.c q6_k_tiled_kernels.c q6_k_tiled_avx2.c q8_0_rows.c q8_0_tiled_kernels.c q8_0_tiled_avx2.c"
-cc -O3 -march=znver3 -mno-avx512f -DTERN_NO_AVX512 -fopenmp -std=c11 -I"$CPU" "$HERE/probe.c" \
+kquant_tiled_avx2.c q6_k_tiled_kernels.c q6_k_tiled_avx2.c q8_0_rows.c q8_0_tiled_kernels.c q8_0_tiled_avx2.c
+ternary_kernels.c ternary_activations.c ternary_row_avx2.c"
+# ISA=avx512 builds for this CPU instead (-march=native: AVX-512 VNNI on a Zen 4), to compare
+FLAGS="-march=znver3 -mno-avx512f -DTERN_NO_AVX512"; [ "${ISA:-avx2}" = avx512 ] && FLAGS="-march=native"
+cc -O3 $FLAGS -fopenmp -std=c11 -I"$CPU" "$HERE/probe.c" \
   $(for s in $SOURCES; do echo "$CPU/$s"; done) -o "$OUT/probe" -lm
 entry() {  # the kernel's entry point (exactly: its OpenMP body, NAME._omp_fn.0, would toggle collection off)
-  case "$1" in q8_0) echo tern_matmul_q8_0;; q5_0) echo tern_matmul_q5_0;; q[58]_0_tiled) echo tern_matmul_q8_0_tiled;; q6_k_tiled) echo tern_matmul_q6_k_tiled;; *_tiled) echo tern_matmul_k_tiled;;
+  case "$1" in q8_0) echo tern_matmul_q8_0;; q5_0) echo tern_matmul_q5_0;; q[58]_0_tiled) echo tern_matmul_q8_0_tiled;; tq2*) echo tern_matmul_tq2;; q6_k_tiled) echo tern_matmul_q6_k_tiled;; *_tiled) echo tern_matmul_k_tiled;;
   *) echo tern_matmul_kquant;; esac
 }
 count() {
