@@ -164,12 +164,12 @@ class RotaryEmbedding(nn.Module):
         ``sin`` has its first half negated, which folds rotate-half's sign into the table.
         """
         rows = self._rows_for(positions)
-        cos_sin = self._table(positions.device, rows)[positions]
+        cos_sin = _rows(self._table(positions.device, rows), positions)
         if self.longrope_original is not None:
             long = longrope_rows(positions, self.longrope_original)
             if bool(long.any()):
                 cos_sin = torch.where(
-                    long[:, None, None], self._table(positions.device, rows, True)[positions], cos_sin
+                    long[:, None, None], _rows(self._table(positions.device, rows, True), positions), cos_sin
                 )
         return cos_sin[:, 0, None].to(dtype), cos_sin[:, 1, None].to(dtype)
 
@@ -210,6 +210,13 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos() * factor, emb.sin() * factor
         sin[:, : self.head_dim // 2] *= -1
         return torch.stack((cos, sin), dim=1)
+
+
+def _rows(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``table[positions]`` by ``index_select``, the same copy: on the CPU, indexing by a tensor of
+    positions took milliseconds a step on a loaded machine (a parallel region; ``index_select`` stays
+    on one thread: microseconds)."""
+    return table.index_select(0, positions.reshape(-1)).reshape(*positions.shape, *table.shape[1:])
 
 
 def fit_rotary_tables(model: nn.Module, positions: int) -> None:
