@@ -8,7 +8,8 @@ the largest a run allocates). After each phase it reads ``/proc/self/status`` an
 ``/proc/self/smaps`` and splits the resident pages by mapping:
 
 - ``model_file``: the model file's mapping (of it ``model_file_private``: pages the process rewrote
-  in place, the kernels' layouts), ``kv_pool``: the KV cache's mapping (pages written so far),
+  in place, the kernels' layouts), ``kv_pool``: the KV cache's mappings (pages written so far; with
+  sliding-window layers, Gemma 3's, their pool of their own too: the kernel may merge the two),
 - ``heap`` (``[heap]``: glibc's main arena), ``anon`` (other anonymous mappings: Python's object
   arenas, large allocations, threads' arenas), ``libraries`` (shared objects, their code and data),
   ``other`` (stacks and the rest), plus the biggest libraries and the count of imported modules.
@@ -51,8 +52,8 @@ def status() -> dict[str, int]:
     return out
 
 
-def smaps_breakdown(model_file: str | None, pool: tuple[int, int] | None) -> dict[str, Any]:
-    """Resident MB by kind of mapping (module docstring); ``pool``: the KV pool's address range."""
+def smaps_breakdown(model_file: str | None, pools: list[tuple[int, int]]) -> dict[str, Any]:
+    """Resident MB by kind of mapping (module docstring); ``pools``: the KV pools' address ranges."""
     kinds: Counter[str] = Counter()
     libraries: Counter[str] = Counter()
     kind, library = "other", ""
@@ -64,7 +65,7 @@ def smaps_breakdown(model_file: str | None, pool: tuple[int, int] | None) -> dic
             library = ""
             if model_file is not None and path == model_file:
                 kind = "model_file"
-            elif pool is not None and start <= pool[0] < end:
+            elif any(start < pool_end and pool_start < end for pool_start, pool_end in pools):
                 kind = "kv_pool"
             elif ".so" in path:
                 kind, library = "libraries", path.rsplit("/", 1)[-1].split(".so")[0]
@@ -88,11 +89,11 @@ class Phases:
 
     def __init__(self) -> None:
         self.model_file: str | None = None
-        self.pool: tuple[int, int] | None = None
+        self.pools: list[tuple[int, int]] = []
         self.phases: list[dict[str, Any]] = []
 
     def mark(self, name: str, **extra: Any) -> None:
-        record = {"phase": name, **status(), **smaps_breakdown(self.model_file, self.pool)}
+        record = {"phase": name, **status(), **smaps_breakdown(self.model_file, self.pools)}
         record["modules"] = len(sys.modules)
         record.update(extra)
         self.phases.append(record)
@@ -152,10 +153,15 @@ def main(argv: list[str] | None = None) -> int:
     create_app(engine)
     pool = engine.runner.kv_cache
     pool_bytes = pool.numel() * pool.element_size()
-    phases.pool = (pool.data_ptr(), pool.data_ptr() + pool_bytes)
+    local = engine.runner.local_kv_cache
+    local_bytes = 0 if local is None else local.numel() * local.element_size()
+    phases.pools = [(pool.data_ptr(), pool.data_ptr() + pool_bytes)]
+    if local is not None:
+        phases.pools.append((local.data_ptr(), local.data_ptr() + local_bytes))
     phases.mark(
         "engine built",
         kv_pool_mb=round(pool_bytes / 2**20, 1),
+        kv_local_pool_mb=round(local_bytes / 2**20, 1),  # the sliding-window layers' pool
         kv_blocks=engine.runner.num_blocks,
         kv_tokens=engine.runner.num_blocks * engine.runner.block_size,
         kv_dtype=str(pool.dtype).removeprefix("torch."),  # float16 on the C fast path, else the model's

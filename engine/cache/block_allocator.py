@@ -30,6 +30,8 @@ class BlockAllocator:
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: block 0 on top
         self.num_written = 0
         """Blocks ever handed out: the pool's resident part (its other pages were never touched)."""
+        self._dirty = [False] * num_blocks
+        """Blocks handed out since their pages were last given back (:meth:`take_free_dirty`)."""
         self.on_free: Callable[[int], None] | None = None
         """Called with each block whose last reference goes (the prefix cache lets go of the
         sliding-window blocks it kept beside it)."""
@@ -53,7 +55,16 @@ class BlockAllocator:
         blocks = [self._free.pop() for _ in range(n)]
         for b in blocks:
             self._refcounts[b] = 1
+            self._dirty[b] = True
             self.num_written = max(self.num_written, b + 1)
+        return blocks
+
+    def take_free_dirty(self) -> list[int]:
+        """The free blocks written since their pages were last given back, now counted clean: the
+        engine, idle, hands their pages back (``ModelRunner.release_free_blocks``)."""
+        blocks = [b for b in self._free if self._dirty[b]]
+        for b in blocks:
+            self._dirty[b] = False
         return blocks
 
     def incref(self, blocks: Iterable[int]) -> None:

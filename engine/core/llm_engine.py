@@ -149,6 +149,17 @@ class LLMEngine:
             )
         return BlockManager(allocator, self.config.block_size, window=window)
 
+    def release_idle_kv(self) -> int:
+        """Idle: give back the pages of the KV blocks written since and free now (neither a running
+        sequence's nor kept by the prefix cache; a finished wave's duplicates of cached pages, its
+        partial last pages). They cost memory again only when written again. Bytes given back."""
+        if self.has_unfinished_requests():
+            return 0
+        local = self.block_manager.local
+        return self.runner.release_free_blocks(
+            self.block_manager.allocator.take_free_dirty(), local.take_free_dirty() if local else []
+        )
+
     def prefix_cache(self) -> RadixCache | None:
         """The radix tree of cached blocks (None with the prefix cache off)."""
         manager = self.block_manager

@@ -6,7 +6,10 @@ The cos/sin table is built lazily on the device of the first positions it sees, 
 no buffers: a model created on the meta device and filled by the loader needs no re-initialisation.
 It holds the positions the engine runs (:func:`fit_rotary_tables`: its max model length), not every
 one the model could (Gemma-3-1B's 32k positions are 128 MB of tables, two rope bases); each row is
-computed on its own, so a shorter table's rows are the longer one's.
+computed on its own, so a shorter table's rows are the longer one's. On the CPU a table also grows
+with the furthest position run so far (doubling, from :data:`MIN_TABLE_ROWS`), up to that length:
+a served Gemma-3-1B at its default 32k max model length held both 64 MB tables from its first
+request, resident, however short its sequences.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ import torch
 from torch import nn
 
 from engine.layers.context import get_context
+
+MIN_TABLE_ROWS = 1024
+"""Rows a CPU table starts with (2 MB for a 256-wide head); it doubles as positions run further."""
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -134,8 +140,9 @@ class RotaryEmbedding(nn.Module):
         self.freq_factors = freq_factors
         """A GGUF's ``rope_freqs``: each pair's inverse frequency divided by its factor (llama.cpp)."""
         self.table_positions = max_positions
-        """Rows the tables hold (:meth:`fit`): the positions the engine will run."""
-        self._cos_sin: torch.Tensor | None = None  # [table_positions, 2, head_dim] float32
+        """Rows the tables may hold (:meth:`fit`): the positions the engine will run. On a GPU they hold
+        them all (CUDA graphs keep the tables' addresses); on the CPU as many as run so far."""
+        self._cos_sin: torch.Tensor | None = None  # [rows, 2, head_dim] float32
         self._long_cos_sin: torch.Tensor | None = None  # LongRoPE's long factors' table
         self.longrope_original = (
             int(scaling["original_max_position_embeddings"])
@@ -156,31 +163,46 @@ class RotaryEmbedding(nn.Module):
 
         ``sin`` has its first half negated, which folds rotate-half's sign into the table.
         """
-        cos_sin = self._table(positions.device)[positions]
+        rows = self._rows_for(positions)
+        cos_sin = _rows(self._table(positions.device, rows), positions)
         if self.longrope_original is not None:
             long = longrope_rows(positions, self.longrope_original)
             if bool(long.any()):
                 cos_sin = torch.where(
-                    long[:, None, None], self._table(positions.device, True)[positions], cos_sin
+                    long[:, None, None], _rows(self._table(positions.device, rows, True), positions), cos_sin
                 )
         return cos_sin[:, 0, None].to(dtype), cos_sin[:, 1, None].to(dtype)
 
-    def _table(self, device: torch.device, long: bool = False) -> torch.Tensor:
+    def _rows_for(self, positions: torch.Tensor) -> int:
+        """Rows the table needs for ``positions``: on the CPU the next power of two past the furthest
+        (at least :data:`MIN_TABLE_ROWS`), within the fitted length; elsewhere the fitted length (no
+        read of a device tensor, no table that moves under a captured graph)."""
+        if positions.device.type != "cpu" or positions.numel() == 0:
+            return self.table_positions
+        furthest = int(positions.max()) + 1
+        return min(self.table_positions, max(MIN_TABLE_ROWS, 1 << (furthest - 1).bit_length()))
+
+    def _table(self, device: torch.device, rows: int, long: bool = False) -> torch.Tensor:
+        """The cos/sin table (LongRoPE's long factors' with ``long``) with at least ``rows`` rows."""
+        table = self._long_cos_sin if long else self._cos_sin
+        if table is not None and table.device == device and table.shape[0] >= rows:
+            return table
         if long:
-            if self._long_cos_sin is None or self._long_cos_sin.device != device:
-                assert self.scaling is not None
-                inv_freq = _longrope_inv_freq(self.head_dim, self.theta, self.scaling, long=True)
-                self._long_cos_sin = self._cos_sin_table(inv_freq).to(device)
-            return self._long_cos_sin
-        if self._cos_sin is None or self._cos_sin.device != device:
+            assert self.scaling is not None
+            inv_freq = _longrope_inv_freq(self.head_dim, self.theta, self.scaling, long=True)
+        else:
             inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling)
             if self.freq_factors is not None:
                 inv_freq = inv_freq / torch.tensor(self.freq_factors, dtype=torch.float32)
-            self._cos_sin = self._cos_sin_table(inv_freq).to(device)
-        return self._cos_sin
+        table = self._cos_sin_table(inv_freq, rows).to(device)
+        if long:
+            self._long_cos_sin = table
+        else:
+            self._cos_sin = table
+        return table
 
-    def _cos_sin_table(self, inv_freq: torch.Tensor) -> torch.Tensor:
-        t = torch.arange(self.table_positions, dtype=torch.float32)
+    def _cos_sin_table(self, inv_freq: torch.Tensor, rows: int) -> torch.Tensor:
+        t = torch.arange(rows, dtype=torch.float32)
         freqs = t[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         # YaRN and LongRoPE scale both (transformers' attention_scaling); a factor of 1 changes nothing.
@@ -188,6 +210,13 @@ class RotaryEmbedding(nn.Module):
         cos, sin = emb.cos() * factor, emb.sin() * factor
         sin[:, : self.head_dim // 2] *= -1
         return torch.stack((cos, sin), dim=1)
+
+
+def _rows(table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``table[positions]`` by ``index_select``, the same copy: on the CPU, indexing by a tensor of
+    positions took milliseconds a step on a loaded machine (a parallel region; ``index_select`` stays
+    on one thread: microseconds)."""
+    return table.index_select(0, positions.reshape(-1)).reshape(*positions.shape, *table.shape[1:])
 
 
 def fit_rotary_tables(model: nn.Module, positions: int) -> None:

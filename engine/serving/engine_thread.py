@@ -176,6 +176,8 @@ class EngineThread:
                 # Idle now: hand the heap the steps freed (activations, logits) back to the OS. The C
                 # library keeps freed blocks for reuse, and after a burst of long prompts and many
                 # streams that is tens of MB the process no longer uses (docs/engine.md, "Memory").
+                # The same for the KV blocks the burst wrote and no one holds now.
+                self.engine.release_idle_kv()
                 release_freed_memory()
 
     def _run_commands(self) -> None:

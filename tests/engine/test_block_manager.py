@@ -100,3 +100,15 @@ def test_without_a_cap_reached_the_prefix_cache_keeps_what_it_holds() -> None:
         seq.num_computed_tokens = 8
         manager.free(seq)
     assert allocator.num_written == 16 and manager.num_reclaimable_blocks() == 16
+
+
+def test_free_blocks_written_since_their_pages_went_back_are_taken_once() -> None:
+    allocator = BlockAllocator(8)
+    first = allocator.allocate(3)
+    assert allocator.take_free_dirty() == []  # all held
+    allocator.decref(first[1:])
+    assert sorted(allocator.take_free_dirty()) == first[1:]
+    assert allocator.take_free_dirty() == []  # given back already: clean until written again
+    again = allocator.allocate(1)  # the block freed last
+    allocator.decref(again)
+    assert allocator.take_free_dirty() == again

@@ -135,13 +135,17 @@ def test_q5_0_rows_do_not_depend_on_the_batch_or_threads() -> None:
     assert_rows_are_batch_and_thread_independent(lambda x: ggml_kernels.matmul_q5_0(x, codes, scales))
 
 
-def test_embedding_rows_are_the_dequantized_table() -> None:
-    raw = random_blocks(Q.Q6_K, 30, 256)
-    ids = torch.tensor([[0, 29, 7], [7, 3, 3]])
-    expected = ggml_kernels.dequantize_ref(raw, Q.Q6_K)[ids]
-    assert torch.equal(GgmlEmbedding((torch.from_numpy(raw), Q.Q6_K), 256)(ids), expected)
-    head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q6_K, 256, rows_looked_up=True)  # 30 rows: not tiled
-    assert torch.equal(GgmlEmbedding(head, 256)(ids), expected)
+@pytest.mark.parametrize("ggml_type", [Q.Q6_K, Q.Q8_0, Q.Q5_0])
+def test_embedding_rows_are_the_dequantized_table(ggml_type: Q) -> None:
+    """A tied head's rows (Gemma-3-1B's Q8_0, Llama-3.2-1B's Q6_K) are the float table's, whatever
+    shape the ids come in."""
+    raw = random_blocks(ggml_type, 30, 256)
+    expected_table = ggml_kernels.dequantize_ref(raw, ggml_type)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), ggml_type, 256, rows_looked_up=True)  # 30 rows: not tiled
+    for ids in (torch.tensor([[0, 29, 7], [7, 3, 3]]), torch.tensor([5, 5, 0, 29]), torch.tensor([11])):
+        expected = expected_table[ids]
+        assert torch.equal(GgmlEmbedding((torch.from_numpy(raw), ggml_type), 256)(ids), expected)
+        assert torch.equal(GgmlEmbedding(head, 256)(ids), expected)
 
 
 def _has_avx512() -> bool:

@@ -7,7 +7,13 @@ from typing import Any
 import pytest
 import torch
 
-from engine.layers.rotary import RotaryEmbedding, apply_rotary, rope_attention_factor, rope_inv_freq
+from engine.layers.rotary import (
+    MIN_TABLE_ROWS,
+    RotaryEmbedding,
+    apply_rotary,
+    rope_attention_factor,
+    rope_inv_freq,
+)
 
 ROPE_PARAMETERS: list[dict[str, Any]] = [
     {"rope_type": "default", "rope_theta": 10000.0},
@@ -106,6 +112,24 @@ def test_a_shorter_table_holds_the_longer_ones_rows() -> None:
     assert all(torch.equal(a, b) for a, b in zip(full, fitted, strict=True))
     rotary.fit(10**6)  # never past the model's positions
     assert rotary.table_positions == 4096
+
+
+def test_a_cpu_table_grows_with_the_positions_run() -> None:
+    """On the CPU a table holds the positions run so far (a power of two, at least MIN_TABLE_ROWS), not
+    its whole fitted length (a served Gemma-3-1B held 128 MB of tables from its first request), and
+    the grown table's rows are the whole one's."""
+    scaling = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    rotary = RotaryEmbedding(256, 32768, 10000.0, scaling)
+    whole = rotary._table(torch.device("cpu"), rotary.table_positions)
+    rotary._cos_sin = None
+    for positions, rows in (([0, 5, 17], MIN_TABLE_ROWS), ([3, MIN_TABLE_ROWS, 5000], 8192), ([9], 8192)):
+        cos, sin = rotary(torch.tensor(positions), torch.float32)
+        assert rotary._cos_sin is not None and rotary._cos_sin.shape[0] == rows
+        assert torch.equal(cos[:, 0], whole[positions, 0]) and torch.equal(sin[:, 0], whole[positions, 1])
+    rotary(torch.tensor([32767]), torch.float32)
+    assert rotary._cos_sin.shape[0] == 32768  # never past the fitted length
+    with pytest.raises(IndexError):
+        rotary(torch.tensor([32768]), torch.float32)
 
 
 @pytest.mark.parametrize("architecture", ["gemma3", "phi3"])
