@@ -35,11 +35,12 @@
 #define BLOCK_BYTES 34
 
 /* The rows as the head tiles read them: quant_rows.c's int16 codes [M, K] reordered x0 x2 x1 x3 in
- * each group of 4, its scale a row d [M], and each block's code sum [M, K / 32]. */
+ * each group of 4, its scale a row d [M], and each block's offset term, -128 * its code sum [M, K / 32]
+ * (a block's dot starts at it: one broadcast from memory). */
 typedef struct {
     const int16_t *qs;
     const float *d;
-    const int32_t *sums;
+    const int32_t *offsets;
 } HeadRows;
 
 static inline int32_t pair(const int16_t *codes) {
@@ -62,7 +63,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
         for (int line = 0; line < TILE_N * BLOCK_BYTES; line += 64)
             _mm_prefetch((const char *)block + 2 * TILE_N * BLOCK_BYTES + line, _MM_HINT_T0);
         __m512i dots[8], odds[4];
-        for (int i = 0; i < RR; i++) dots[i] = _mm512_set1_epi32(-128 * q->sums[(r0 + i) * nb + b]);
+        for (int i = 0; i < RR; i++) dots[i] = _mm512_set1_epi32(q->offsets[(r0 + i) * nb + b]);
         for (int i = 0; i < RR && RR <= 4; i++) odds[i] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
@@ -127,7 +128,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
         for (int line = 0; line < TILE_N * BLOCK_BYTES && H == 0; line += 64) /* the first half streams it */
             _mm_prefetch((const char *)block + 2 * TILE_N * BLOCK_BYTES + line, _MM_HINT_T0);
         __m256i dots[4];
-        for (int i = 0; i < RR; i++) dots[i] = _mm256_set1_epi32(-128 * q->sums[(r0 + i) * nb + b]);
+        for (int i = 0; i < RR; i++) dots[i] = _mm256_set1_epi32(q->offsets[(r0 + i) * nb + b]);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 + 64 * k + 32 * H));
@@ -136,6 +137,7 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
                 const int16_t *xs = q->qs + (r0 + i) * K + b * QK + 4 * k;
                 dots[i] = DPWSSD256(dots[i], even, _mm256_set1_epi32(pair(xs)));
                 dots[i] = DPWSSD256(dots[i], odd, _mm256_set1_epi32(pair(xs + 2)));
+                __asm__("" : "+x"(dots[i])); /* no reassociation into a tree of 64 live sums (GCC 12) */
             }
         }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * H)));
@@ -170,8 +172,8 @@ static void tile_rows(const uint8_t *w, int64_t nb, const HeadRows *q, int64_t M
 #endif
 
 /* Row r's codes from tern_rows_quantize reordered in place (x0 x2 x1 x3 a group of 4), with each
- * block's code sum. */
-static void reorder_row(int16_t *qs, int64_t nb, int32_t *sums) {
+ * block's offset term. */
+static void reorder_row(int16_t *qs, int64_t nb, int32_t *offsets) {
     for (int64_t b = 0; b < nb; b++) {
         int32_t sum = 0;
         for (int e = 0; e < QK; e++) sum += qs[b * QK + e];
@@ -179,7 +181,7 @@ static void reorder_row(int16_t *qs, int64_t nb, int32_t *sums) {
             const int16_t second = qs[b * QK + g + 1];
             qs[b * QK + g + 1] = qs[b * QK + g + 2], qs[b * QK + g + 2] = second;
         }
-        sums[b] = sum;
+        offsets[b] = -128 * sum;
     }
 }
 
@@ -189,13 +191,13 @@ int tern_matmul_q8_0_head_tiled(const float *x, int64_t M, int64_t K, const uint
     if (K % QK || N <= 0) return -2;
     const int64_t nb = K / QK, whole = N / TILE_N, tail = N % TILE_N, tile_bytes = TILE_N * nb * BLOCK_BYTES;
     QuantizedRows rows;
-    int32_t *sums = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
+    int32_t *offsets = (int32_t *)malloc((size_t)(M * nb) * sizeof(int32_t));
     uint8_t *padded = tail ? (uint8_t *)malloc((size_t)tile_bytes) : NULL;
     int status = -1;
-    if (tern_rows_quantize(x, M, K, &rows) == 0 && sums && (!tail || padded)) {
+    if (tern_rows_quantize(x, M, K, &rows) == 0 && offsets && (!tail || padded)) {
         if (tail) tern_q8_0_pad_tile(0, w + whole * tile_bytes, nb, tail, padded);
-        for (int64_t r = 0; r < M; r++) reorder_row(rows.qs + r * K, nb, sums + r * nb);
-        const HeadRows q = {rows.qs, rows.d, sums};
+        for (int64_t r = 0; r < M; r++) reorder_row(rows.qs + r * K, nb, offsets + r * nb);
+        const HeadRows q = {rows.qs, rows.d, offsets};
 #pragma omp parallel for schedule(guided)
         for (int64_t t = 0; t < whole + (tail > 0); t++)
             tile_rows(t < whole ? w + t * tile_bytes : padded, nb, &q, M, t * TILE_N, t < whole ? TILE_N : tail, N,
@@ -203,7 +205,7 @@ int tern_matmul_q8_0_head_tiled(const float *x, int64_t M, int64_t K, const uint
         status = 0;
     }
     tern_rows_free(&rows);
-    free(sums), free(padded);
+    free(offsets), free(padded);
     return status;
 }
 #else
