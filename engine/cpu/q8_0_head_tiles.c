@@ -20,9 +20,12 @@
  * The same integers and the same float operations in the same order on AVX-512 and AVX2, so the same
  * bits, in any batch and on any thread (each element one accumulator over the blocks in order).
  *
- * Instructions a multiply-add, K 1,152, N 2,048 (callgrind, AVX2 build, bench/engine/kquant_callgrind/
- * run.sh; AVX-512 VNNI's block loop counted in its machine code, block_loops.py): see docs/engine.md,
- * "GGUF types" (the Q8_0 row, and HEADS_ON_INT16_ROWS).
+ * Instructions a multiply-add at 1 / 16 / 64 rows, K 1,152, N 2,048 (at 4a03d70; docs/engine.md, "Q8_0
+ * heads tile by tile on int16 rows"), against the row tiles on the same int16 rows (quant_kernels.c):
+ *   AVX2 (callgrind, KERNELS="q8_0 q8_0_head" bash bench/engine/kquant_callgrind/run.sh 1152 2048):
+ *     0.348 / 0.242 / 0.241, the row tiles 0.488 / 0.293 / 0.291 (the int8 tiles 0.284 / 0.230 / 0.230);
+ *   AVX-512 VNNI (the block loops' machine code, bench/engine/kquant_callgrind/block_loops.py):
+ *     0.135 / 0.083 / 0.083, the row tiles 0.344 / 0.141 / 0.141 (the int8 tiles 0.096 / 0.064 / 0.064).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -146,8 +149,10 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
     const int64_t stored = C - 8 * H < 8 ? C - 8 * H : 8;
     if (stored <= 0) return;
     const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)stored), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int i = 0; i < RR; i++)
-        _mm256_maskstore_ps(out + (r0 + i) * N + n0 + 8 * H, lanes, _mm256_mul_ps(acc[i], _mm256_set1_ps(q->d[r0 + i])));
+    for (int i = 0; i < RR; i++) {
+        const __m256 row = _mm256_mul_ps(acc[i], _mm256_set1_ps(q->d[r0 + i]));
+        _mm256_maskstore_ps(out + (r0 + i) * N + n0 + 8 * H, lanes, row);
+    }
 }
 
 /* Both halves of the tile against rows r0 .. r0 + RR (the rows' codes stay in cache between them). */

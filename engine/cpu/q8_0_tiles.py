@@ -82,7 +82,9 @@ def matmul_head(x: torch.Tensor, tiled: torch.Tensor) -> torch.Tensor:
     if nb * BLOCK != k:
         raise kernels.KernelError(f"rows of {k} do not fit tiled Q8_0 blocks {tuple(tiled.shape)}")
     out = torch.empty(m, n, dtype=torch.float32)
-    kernels._check(_lib().tern_matmul_q8_0_head_tiled(x.data_ptr(), m, k, tiled.data_ptr(), n, out.data_ptr()))
+    kernels._check(
+        _lib().tern_matmul_q8_0_head_tiled(x.data_ptr(), m, k, tiled.data_ptr(), n, out.data_ptr())
+    )
     return out
 
 
