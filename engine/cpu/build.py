@@ -35,6 +35,7 @@ SOURCES = tuple(
         "q8_0_rows.c",
         "q8_0_tiled_kernels.c",
         "q8_0_tiled_avx2.c",
+        "q8_0_head_tiles.c",
         "attention_kernels.c",
         "layer_rows.c",
         "layer_kernels.c",

@@ -96,6 +96,11 @@ void tern_quantize_rows_q8_0(const float *x, int64_t M, int64_t K, int8_t *qs, f
 __attribute__((visibility("hidden"))) void tern_q8_0_tile_rows(int q5, const uint8_t *tile, int64_t nb,
                                                                const TernQ8Rows *q, int64_t M, int64_t n0,
                                                                int64_t C, int64_t N, float *out);
+/* The last tile's C < 16 columns padded to a whole tile (q8_0_rows.c). */
+__attribute__((visibility("hidden"))) void tern_q8_0_pad_tile(int q5, const uint8_t *tile, int64_t nb, int64_t C,
+                                                              uint8_t *out);
+/* Q8_0 output heads on the same tiles against int16 rows, quant_rows.c's (q8_0_head_tiles.c). */
+int tern_matmul_q8_0_head_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 /* Q6_K tile by tile (q6_k_tiled_kernels.c), the same way. */
 int tern_matmul_q6_k_tiled(const float *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, float *out);
 int tern_tile_q6_k(uint8_t *w, int64_t N, int64_t nsb);

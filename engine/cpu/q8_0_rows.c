@@ -57,8 +57,8 @@ void tern_quantize_rows_q8_0(const float *x, int64_t M, int64_t K, int8_t *qs, f
 }
 
 /* The last tile's C < 16 columns spread into a whole tile's layout (zeros after them: scale 0), so the
- * one micro-kernel runs it; out is nb * 16 block bytes. */
-static void pad_tile(int q5, const uint8_t *tile, int64_t nb, int64_t C, uint8_t *out) {
+ * one micro-kernel runs it; out is nb * 16 block bytes (the head tiles' too, q8_0_head_tiles.c). */
+void tern_q8_0_pad_tile(int q5, const uint8_t *tile, int64_t nb, int64_t C, uint8_t *out) {
     const int64_t bytes = BLOCK_BYTES(q5), regions = q5 ? 5 : 8;
     memset(out, 0, (size_t)(nb * TILE_N * bytes));
     for (int64_t b = 0; b < nb; b++) {
@@ -79,7 +79,7 @@ int tern_matmul_q8_0_tiled(int q5, const float *x, int64_t M, int64_t K, const u
     uint8_t *padded = tail ? (uint8_t *)malloc((size_t)tile_bytes) : NULL;
     int status = -1;
     if (q.qs && q.d && q.sums && (!tail || padded)) {
-        if (tail) pad_tile(q5, w + whole * tile_bytes, nb, tail, padded);
+        if (tail) tern_q8_0_pad_tile(q5, w + whole * tile_bytes, nb, tail, padded);
 #pragma omp parallel for schedule(static) if (M >= 4)
         for (int64_t r = 0; r < M; r++) q8_0_row(x + r * K, K, q.qs + r * K, q.d + r * nb, q.sums + r * nb);
 #pragma omp parallel for schedule(guided)

@@ -6,6 +6,10 @@ blocks (:func:`quantize_rows_q8_0_ref`) times gguf's dequantization in float64 (
 A weight is the file's rows of blocks, uint8 ``[N, K / 32 * 34]`` (Q8_0) or ``[N, K / 32 * 22]`` (Q5_0),
 rearranged in place by :func:`tile` into the kernels' tiles of 16 rows (the same bytes; the last tile may
 hold fewer rows), kept in that shape: only the C code reads its layout (``q8_0_rows.c``).
+
+A Q8_0 output head runs the same tiles on int16 activations (:func:`matmul_head`, ``q8_0_head_tiles.c``):
+the row-by-row tiles' rows (``kernels.quantize_rows_ref``: one scale a row, 15 bits), whose precision a
+head's near-tied token choices need (``ggml_linear.HEADS_ON_INT16_ROWS``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ def _lib() -> ctypes.CDLL:
     lib.tern_dequantize_q8_0_tiled.restype = None
     lib.tern_quantize_rows_q8_0.argtypes = [ptr, i64, i64, ptr, ptr, ptr]
     lib.tern_quantize_rows_q8_0.restype = None
+    lib.tern_matmul_q8_0_head_tiled.argtypes = [ptr, i64, i64, ptr, i64, ptr]
     return lib
 
 
@@ -67,6 +72,28 @@ def matmul(x: torch.Tensor, tiled: torch.Tensor, ggml_type: GGMLType) -> torch.T
     q5 = int(ggml_type == GGMLType.Q5_0)
     kernels._check(_lib().tern_matmul_q8_0_tiled(q5, x.data_ptr(), m, k, tiled.data_ptr(), n, out.data_ptr()))
     return out
+
+
+def matmul_head(x: torch.Tensor, tiled: torch.Tensor) -> torch.Tensor:
+    """x [M, K] float32 @ dequant(W)^T -> [M, N] float32 on int16 rows; W Q8_0 from :func:`tile`."""
+    x = kernels._rows(x)
+    m, k = x.shape
+    n, nb = tiled.shape[0], _blocks_per_row(tiled, GGMLType.Q8_0)
+    if nb * BLOCK != k:
+        raise kernels.KernelError(f"rows of {k} do not fit tiled Q8_0 blocks {tuple(tiled.shape)}")
+    out = torch.empty(m, n, dtype=torch.float32)
+    kernels._check(
+        _lib().tern_matmul_q8_0_head_tiled(x.data_ptr(), m, k, tiled.data_ptr(), n, out.data_ptr())
+    )
+    return out
+
+
+def matmul_head_ref(x: torch.Tensor, blocks: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """:func:`matmul_head`'s arithmetic in float64: x's int16 rows (``kernels.quantize_rows_ref``; the
+    kernel's block products are exact integers) against the Q8_0 weight dequantized by gguf."""
+    codes, scales, _ = kernels.quantize_rows_ref(x)
+    rows = codes.double() * scales.double()[:, None]
+    return (rows @ ggml_kernels.dequantize_ref(blocks, GGMLType.Q8_0).double().t()).float()
 
 
 def dequantize_rows(tiled: torch.Tensor, ggml_type: GGMLType, ids: torch.Tensor) -> torch.Tensor:

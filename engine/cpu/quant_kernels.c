@@ -8,9 +8,10 @@
  * 2048 x 2048 on AVX2: Q8_0 0.475 -> 0.280 instructions a multiply-add at 1 row, 0.287 -> 0.229 at 16;
  * Q5_0 0.865 -> 0.337 and 0.318 -> 0.196; docs/engine.md, "The K-quant tiles by instruction set"). What
  * stays here: q4_1 (the default model's, where the CPU has no AVX-512 VNNI), q8_0 for float weights
- * requantized at load (Q8CpuLinear: F16/BF16 linears and the types with no kernel of their own), and Q8_0
- * and Q5_0 output heads (the default model's tied Q8_0 head: int8 rows flipped a greedy answer,
- * ggml_linear.HEADS_ON_INT16_ROWS).
+ * requantized at load (Q8CpuLinear: F16/BF16 linears and the types with no kernel of their own), and Q5_0
+ * output heads (the default model's tied Q8_0 head: int8 rows flipped a greedy answer,
+ * ggml_linear.HEADS_ON_INT16_ROWS; Q8_0 heads run these int16 rows on the int8 tiles' layout instead,
+ * q8_0_head_tiles.c).
  *
  * Each row of x is quantized on the fly to int16 with one float scale dx (15 bits against the row's
  * largest value; llama.cpp's int8 blocks lose enough to flip near-tied greedy tokens), and each

@@ -26,11 +26,16 @@ from engine.layers.quant.linear import Int4Linear
 _DEQUANTIZED_FROM_TILES = frozenset({GGMLType.Q6_K, GGMLType.Q8_0, GGMLType.Q5_0})
 """Tiled types whose rows an embedding reads from the tiles (the others' tied heads stay rows of blocks)."""
 HEADS_ON_INT16_ROWS = frozenset({GGMLType.Q8_0, GGMLType.Q5_0})
-"""Output heads of these types keep the row-by-row tiles' int16 rows where the CPU has the int8 tiles: the
-default model's tied Q8_0 head on int8 rows (llama.cpp's Q8_0 blocks) kept its perplexity (18.916 against
-float32's 18.907; 18.906 on int16) but flipped the first greedy token of "What is the capital of France?"
-(test_cpu_fast_path.py: "L'Étoile, ..." for "Paris"): a head's output is the token's choice, its near-ties
-decided by the rows' precision. The decoder linears take the int8 tiles (docs/engine.md)."""
+"""Output heads of these types keep int16 activations (the row-by-row tiles' rows, one scale a row) where
+the CPU has the int8 tiles: the default model's tied Q8_0 head on int8 rows (llama.cpp's Q8_0 blocks)
+kept its perplexity (18.916 against float32's 18.907; 18.906 on int16) but flipped the first greedy token
+of "What is the capital of France?" (test_cpu_fast_path.py: "L'Étoile, ..." for "Paris"): a head's
+output is the token's choice, its near-ties decided by the rows' precision. The decoder linears take the
+int8 tiles (docs/engine.md)."""
+HEADS_ON_TILES = frozenset({GGMLType.Q8_0})
+"""Of :data:`HEADS_ON_INT16_ROWS`, the heads that run tile by tile on those int16 rows
+(``q8_0_tiles.matmul_head``, q8_0_head_tiles.c: the int8 tiles' layout, so a tied head's embedding rows
+come from the same tiles); Q5_0 heads (rare) stay on the row-by-row tiles."""
 _Q8_0_TILED = frozenset({ggml_kernels.Q8_0_TILED.name, ggml_kernels.Q5_0_TILED.name})
 
 
@@ -58,9 +63,11 @@ class GgmlLinear(nn.Module):
         self.ggml_type, self.format = ggml_type, spec.name
         self.in_features, self.out_features = in_features, blocks.shape[0]
         self.scales: torch.Tensor | None = None
+        self.int16_head = head and ggml_type in HEADS_ON_INT16_ROWS
+        """An output head on int16 rows: tile by tile (:data:`HEADS_ON_TILES`) or row by row."""
         tiled = (
             tile
-            and not (head and ggml_type in HEADS_ON_INT16_ROWS)
+            and not (self.int16_head and ggml_type not in HEADS_ON_TILES)
             and ggml_kernels.tiles(ggml_type, blocks.shape[0])
             and (ggml_type in _DEQUANTIZED_FROM_TILES or not rows_looked_up)
         )
@@ -86,7 +93,9 @@ class GgmlLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if self.format in _Q8_0_TILED:
+        if self.format in _Q8_0_TILED and self.int16_head:
+            out = q8_0_tiles.matmul_head(rows, self.qweight)
+        elif self.format in _Q8_0_TILED:
             out = q8_0_tiles.matmul(rows, self.qweight, self.ggml_type)
         elif self.ggml_type == GGMLType.Q5_0:
             assert self.scales is not None
@@ -122,7 +131,8 @@ class GgmlLinear(nn.Module):
         return dequantize_rows(self.qweight, self.ggml_type, ids)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}"
+        rows = ", int16 rows" if self.int16_head else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}{rows}"
 
 
 def dequantize_rows(blocks: torch.Tensor, ggml_type: GGMLType, ids: torch.Tensor) -> torch.Tensor:

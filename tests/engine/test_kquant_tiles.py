@@ -176,19 +176,66 @@ def test_a_tied_q8_0_or_q5_0_heads_tiles_give_the_embedding_rows_back(ggml_type:
     )
 
 
-@pytest.mark.parametrize("ggml_type", BLOCKS_OF_32)
-def test_a_q8_0_or_q5_0_output_head_keeps_the_int16_rows(ggml_type: Q) -> None:
-    """An output head's near-ties are its token choices (ggml_linear.HEADS_ON_INT16_ROWS): the row tiles."""
-    raw = random_blocks(ggml_type, 37, 576)
-    head = GgmlLinear(torch.from_numpy(raw.copy()), ggml_type, 576, rows_looked_up=True, head=True)
-    assert head.format == ggml_type.name.lower() and head.scales is not None
+def test_a_q5_0_output_head_keeps_the_int16_row_tiles() -> None:
+    """An output head's near-ties are its token choices (ggml_linear.HEADS_ON_INT16_ROWS): Q5_0's (rare)
+    stay on the row-by-row tiles."""
+    raw = random_blocks(Q.Q5_0, 37, 576)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q5_0, 576, rows_looked_up=True, head=True)
+    assert head.format == "q5_0" and head.scales is not None and head.int16_head
     x = torch.randn(2, 576)
-    torch.testing.assert_close(head(x), ggml_kernels.matmul_ref(x, raw, ggml_type), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(head(x), ggml_kernels.matmul_ref(x, raw, Q.Q5_0), rtol=1e-5, atol=1e-4)
+
+
+def test_a_tied_q8_0_output_head_runs_its_tiles_on_int16_rows() -> None:
+    """The int8 tiles' layout (the embedding's rows from it), the row tiles' int16 activations."""
+    raw = random_blocks(Q.Q8_0, 37, 576)
+    head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q8_0, 576, rows_looked_up=True, head=True)
+    assert head.format == "q8_0_tiled" and head.int16_head and "int16 rows" in repr(head)
+    ids = torch.tensor([[0, 36, 17], [32, 15, 15]])  # 32..36: the short last tile
+    assert torch.equal(GgmlEmbedding(head, 576)(ids), ggml_kernels.dequantize_ref(raw, Q.Q8_0)[ids])
+    x = torch.randn(3, 576)
+    tiled = q8_0_tiles.tile(torch.from_numpy(raw.copy()), Q.Q8_0)
+    assert torch.equal(head(x), q8_0_tiles.matmul_head(x, tiled))
+    # the same int16 rows as the row-by-row tiles (kernels.matmul_q8_0): only the float sums' order differs
+    codes, scales = ggml_kernels.q8_0_from_blocks(torch.from_numpy(raw.copy()))
+    torch.testing.assert_close(head(x), kernels.matmul_q8_0(x, codes, scales), rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [576, 1152])
+@pytest.mark.parametrize("rows", [1, 4, 9, 17])
+def test_q8_0_head_tiles_match_the_int16_reference_and_the_batch(k: int, rows: int) -> None:
+    """37 weight rows (not a multiple of 16: a short last tile), K of SmolLM2-135M and Gemma-3-1B."""
+    raw = random_blocks(Q.Q8_0, 37, k, seed=rows)
+    tiled = q8_0_tiles.tile(torch.from_numpy(raw.copy()), Q.Q8_0)
+    x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 3
+    out = q8_0_tiles.matmul_head(x, tiled)
+    torch.testing.assert_close(out, q8_0_tiles.matmul_head_ref(x, raw), rtol=1e-5, atol=1e-4)
+    for i in range(rows):
+        assert torch.equal(q8_0_tiles.matmul_head(x[i : i + 1], tiled)[0], out[i])
+
+
+def test_q8_0_head_tile_rows_do_not_depend_on_the_batch_or_threads() -> None:
+    tiled = q8_0_tiles.tile(torch.from_numpy(random_blocks(Q.Q8_0, 70, 768)), Q.Q8_0)
+    assert_rows_are_batch_and_thread_independent(lambda x: q8_0_tiles.matmul_head(x, tiled))
+
+
+def test_q8_0_head_tiles_extreme_codes_do_not_overflow() -> None:
+    """Every code -128 (byte 0x00 in the tiles), 127 or 0, against rows whose codes are all +-32767:
+    each block's dot at its bound, 32 * 128 * 32767, and the unsigned partial sums beyond it."""
+    for fill in (0x80, 0x7F, 0x00):
+        raw = random_blocks(Q.Q8_0, 21, 1152)
+        raw.reshape(21, 36, -1)[..., 2:] = fill
+        x = torch.full((3, 1152), 1.0)
+        x[1] *= -1
+        x[2, ::2] *= -1
+        out = q8_0_tiles.matmul_head(x, q8_0_tiles.tile(torch.from_numpy(raw.copy()), Q.Q8_0))
+        torch.testing.assert_close(out, q8_0_tiles.matmul_head_ref(x, raw), rtol=1e-5, atol=1e-3)
 
 
 def kquant_tiles_outputs() -> dict[str, torch.Tensor]:
     """Each K-quant's tiles on fixed random weights and rows (1, 4, 7 and 13 rows: every tail), and
-    Q8_0's and Q5_0's (37 rows: a short last tile; K 1,152, Gemma-3-1B's, not a multiple of 256)."""
+    Q8_0's and Q5_0's (37 rows: a short last tile; K 1,152, Gemma-3-1B's, not a multiple of 256), and
+    Q8_0 heads' on int16 rows (K 576 and 1,152)."""
     outputs = {}
     for ggml_type in KQUANTS:
         raw = random_blocks(ggml_type, 32, 768, seed=5)
@@ -201,6 +248,11 @@ def kquant_tiles_outputs() -> dict[str, torch.Tensor]:
         for rows in (1, 4, 7, 13):
             x = torch.randn(rows, 1152, generator=torch.Generator().manual_seed(rows)) * 2
             outputs[f"{ggml_type.name}-{rows}"] = q8_0_tiles.matmul(x, tiled, ggml_type)
+    for k in (576, 1152):  # Q8_0 heads on int16 rows (q8_0_head_tiles.c)
+        tiled = q8_0_tiles.tile(torch.from_numpy(random_blocks(Q.Q8_0, 37, k, seed=6)), Q.Q8_0)
+        for rows in (1, 4, 7, 13):
+            x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows)) * 2
+            outputs[f"Q8_0-head-{k}-{rows}"] = q8_0_tiles.matmul_head(x, tiled)
     return outputs
 
 

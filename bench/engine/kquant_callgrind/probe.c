@@ -2,7 +2,8 @@
  * rows x K against N random weight rows, whose instructions callgrind counts (--toggle-collect on the
  * kernel's entry point: the weight's tiling at load and the setup are left out).
  *   probe KERNEL ROWS K N    KERNEL: q4_k q5_k q6_k (row by row), q4_k_tiled q5_k_tiled q6_k_tiled, q8_0 q5_0
- *                            (row by row, int16 rows), q8_0_tiled q5_0_tiled (int8 rows), tq2 (ternary, block
+ *                            (row by row, int16 rows), q8_0_tiled q5_0_tiled (int8 rows), q8_0_head (the
+ *                            Q8_0 tiles on int16 rows, an output head's), tq2 (ternary, block
  *                            scales as llama-quantize writes TQ2_0), tq2_rows (row scales) */
 #include <stdint.h>
 #include <stdio.h>
@@ -51,12 +52,14 @@ int main(int argc, char **argv) {
         rc = tern_matmul_q8_0(x, M, K, (const int8_t *)w, d, N, out);
     } else if (strcmp(kernel, "q5_0") == 0) {
         rc = tern_matmul_q5_0(x, M, K, w, d, N, out);
-    } else if (strcmp(kernel, "q8_0_tiled") == 0 || strcmp(kernel, "q5_0_tiled") == 0) {
+    } else if (strcmp(kernel, "q8_0_tiled") == 0 || strcmp(kernel, "q5_0_tiled") == 0 ||
+               strcmp(kernel, "q8_0_head") == 0) {
         const int q5 = kernel[1] == '5';
         const int64_t bytes = q5 ? 22 : 34; /* GGUF blocks, each block's scale a sane float16 */
         for (int64_t b = 0; b < N * (K / 32); b++) memcpy(w + b * bytes, &d[0], 2);
         tern_tile_q8_0(q5, w, N, K / 32);
-        rc = tern_matmul_q8_0_tiled(q5, x, M, K, w, N, out);
+        rc = strcmp(kernel, "q8_0_head") == 0 ? tern_matmul_q8_0_head_tiled(x, M, K, w, N, out)
+                                              : tern_matmul_q8_0_tiled(q5, x, M, K, w, N, out);
     } else if (strstr(kernel, "_tiled")) {
         if (type == 2) tern_tile_q6_k(w, N, nsb);
         else tern_tile_k(type, w, N, nsb);
