@@ -48,7 +48,14 @@ SOURCES = tuple(
 )
 INCLUDES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_attention.inc", "kernels.h", "quant_rows.h", "layer_rows.h", "decoder_layer.h", "row_codes_avx2.h")
+    for name in (
+        "paged_attention.inc",
+        "kernels.h",
+        "quant_rows.h",
+        "layer_rows.h",
+        "decoder_layer.h",
+        "row_codes_avx2.h",
+    )
 )
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-shared", "-std=c11")
 VNNI_ENV = "TERN_CPU_VNNI"
