@@ -96,9 +96,11 @@ def test_tiled_kquant_extreme_codes_and_scales_do_not_overflow(ggml_type: Q) -> 
 
 
 def test_q6_k_one_row_at_the_widest_int16_sums_is_the_batchs() -> None:
-    """One row alone (the one-row pass, ``row16``) at the AVX2 int16 sums' bound: every code 63 (0xFF)
-    or 0 and 32 (0x00, 0x80: the -32 at its extremes) against a row at +127 or -127, two codes' pairs
-    summed in int16, 2 * 2 * 63 * 127 = 32004 < 2^15; bit for bit its rows in a batch, and the reference."""
+    """One row alone (the one-row passes, ``row16`` on AVX2, ``row`` on AVX-512) at the AVX2 int16 sums'
+    bound: every code 63 (0xFF: q - 32 = 31), 0 (0x00: q - 32 = -32) or a mix (0x80) against rows at
+    +127, -127 and both; AVX2 sums two codes' vpmaddubsw pairs in int16, unsigned codes, at most
+    2 * 2 * 63 * 127 = 32004 < 2^15 (four would be 64008: saturated, the wrong bits). Bit for bit the
+    rows in a batch (the multi-row tiles), and near the reference."""
     for fill in (0xFF, 0x00, 0x80):
         blocks = torch.from_numpy(random_blocks(Q.Q6_K, 32, 512, seed=fill))
         scales = blocks.clone()
@@ -108,7 +110,9 @@ def test_q6_k_one_row_at_the_widest_int16_sums_is_the_batchs() -> None:
         x = torch.tensor([1.0, -1.0, 2.5]).repeat_interleave(512).view(3, 512)
         x[2, ::3] = -2.5  # mixed signs
         batch = ggml_kernels.matmul_tiled(x, tiled, Q.Q6_K)
-        torch.testing.assert_close(batch, ggml_kernels.matmul_ref_q8k(x, blocks, Q.Q6_K), rtol=1e-5, atol=1e-3)
+        torch.testing.assert_close(
+            batch, ggml_kernels.matmul_ref_q8k(x, blocks, Q.Q6_K), rtol=1e-5, atol=1e-3
+        )
         for i in range(3):
             assert torch.equal(ggml_kernels.matmul_tiled(x[i : i + 1], tiled, Q.Q6_K)[0], batch[i])
 
