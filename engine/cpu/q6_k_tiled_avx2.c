@@ -9,6 +9,10 @@
  * Both are the exact integer dot product, so the float operations after it are the AVX-512 kernel's, in
  * its order (and the -32 comes off once a super-block in integers, the columns' scales in pairs against
  * the row's 16-sums, vpmaddwd as vpdpwssd there): the same bits, independent of the batch and threads.
+ * One row (row16, a decode step) takes both halves a pass, two scales a pass: the same integers and
+ * float operations, with each code's product taken as it is unpacked and the scale rows read once for
+ * both halves' -32; callgrind at 1 x 2048 x 8192, AVX2 (bench/engine/kquant_callgrind/run.sh): 0.358
+ * -> 0.340 instructions a multiply-add, 79 a scale of 256 products in the loop (docs/engine.md).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -121,34 +125,77 @@ static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t
     for (int i = 0; i < RR; i++) _mm256_storeu_ps(out + (r0 + i) * N + t * TILE_N + HALF_N * H, acc[i]);
 }
 
+/* Half H of scale h's codes (8 columns x 16 elements) against the row's broadcast activations xq: the
+ * exact integer dot product, dot16's; without VNNI each code's product taken as soon as it is unpacked
+ * and the high bits loaded once (unconstrained, GCC reloaded them for each use: 83 instructions a
+ * scale against 79, callgrind's loop). */
+static inline __attribute__((always_inline)) __m256i half_dot(const uint8_t *block, int h, const int H, const __m256i *xq) {
+#ifdef TERN_VNNI_256
+    __m256i q[4];
+    codes(block, h, H, q);
+    return dot16(q, xq);
+#else
+    const __m256i low4 = _mm256_set1_epi8(0x0F), top2 = _mm256_set1_epi8(0x30);
+    const uint8_t *low = block + LOW_OFFSET + 128 * h + 32 * H;
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)low), l1 = _mm256_loadu_si256((const __m256i *)(low + 64));
+    __m256i hi = _mm256_loadu_si256((const __m256i *)(block + HIGH_OFFSET + 64 * h + 32 * H));
+    __asm__("" : "+x"(hi));
+    /* two codes' products summed in int16 (at most 2 * 2 * 63 * 127 = 32004 < 2^15), as dot16 */
+    const __m256i q0 = _mm256_or_si256(_mm256_and_si256(l0, low4), _mm256_and_si256(_mm256_slli_epi16(hi, 4), top2));
+    const __m256i q1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low4), _mm256_and_si256(_mm256_slli_epi16(hi, 2), top2));
+    const __m256i first = _mm256_add_epi16(_mm256_maddubs_epi16(q0, xq[0]), _mm256_maddubs_epi16(q1, xq[1]));
+    const __m256i q2 = _mm256_or_si256(_mm256_and_si256(l1, low4), _mm256_and_si256(hi, top2));
+    const __m256i q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), _mm256_and_si256(_mm256_srli_epi16(hi, 2), top2));
+    const __m256i second = _mm256_add_epi16(_mm256_maddubs_epi16(q2, xq[2]), _mm256_maddubs_epi16(q3, xq[3]));
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(_mm256_madd_epi16(first, ones), _mm256_madd_epi16(second, ones));
+#endif
+}
+
+/* Both halves' -32 at a super-block's end for a row (close_block's, in its order): each pair of scale
+ * rows read once for the two halves, the row's pair of 16-sums broadcast once. */
+static inline __attribute__((always_inline)) void close_both(const uint8_t *block, __m256 d0, __m256 d1, const int16_t *sums,
+                                                             float xd, __m256 *part0, __m256 *part1, __m256 *acc0,
+                                                             __m256 *acc1) {
+    __m256i offset0 = _mm256_setzero_si256(), offset1 = _mm256_setzero_si256();
+    for (int p = 0; p < 8; p++) {
+        const __m128i a = _mm_loadu_si128((const __m128i *)(block + 32 + 32 * p));
+        const __m128i b = _mm_loadu_si128((const __m128i *)(block + 48 + 32 * p));
+        const __m256i pair = quad((const int8_t *)(sums + 2 * p));
+        offset0 = _mm256_add_epi32(offset0, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(a, b)), pair));
+        offset1 = _mm256_add_epi32(offset1, _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpackhi_epi8(a, b)), pair));
+    }
+    const __m256 thirty_two = _mm256_set1_ps(32.0f), x = _mm256_set1_ps(xd);
+    *part0 = _mm256_fnmadd_ps(_mm256_mul_ps(d0, thirty_two), _mm256_cvtepi32_ps(offset0), *part0);
+    *part1 = _mm256_fnmadd_ps(_mm256_mul_ps(d1, thirty_two), _mm256_cvtepi32_ps(offset1), *part1);
+    *acc0 = _mm256_fmadd_ps(*part0, x, *acc0);
+    *acc1 = _mm256_fmadd_ps(*part1, x, *acc1);
+}
+
 /* Row r of x against both halves of tile t in one pass (a decode step's one row): the row's
- * activations broadcast once for 16 columns, the tile read once, the loop run once (callgrind:
- * docs/engine.md, "GGUF types"); each half's operations are the tile's above, in its order. */
+ * activations broadcast once for 16 columns, the tile read once, the loop run once, two scales a pass
+ * (7 prefetches a 420 bytes, not 8); each half's integer dot products are the tile's above, exact, and
+ * its float operations the tile's, in its order (callgrind: docs/engine.md, "GGUF types"). */
 static inline __attribute__((always_inline)) void row16(const uint8_t *w, int64_t nsb, int64_t t, const TernQ8KRows *x,
                                                         int64_t r, int64_t N, int64_t K, float *out) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     for (int64_t s = 0; s < nsb; s++) {
         const uint8_t *block = w + (t * nsb + s) * TILE_BYTES;
+        const int8_t *xs = x->qs + r * K + s * QK_K;
         const __m256 d0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)block));
         const __m256 d1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16)));
         __m256 part0 = _mm256_setzero_ps(), part1 = _mm256_setzero_ps();
-        for (int h = 0; h < 16; h++) {
-            for (int line = 0; line < 256; line += 64)
+        for (int h = 0; h < 16; h += 2) { /* two scales a pass: their 420 bytes, two super-blocks ahead */
+            for (int line = 0; line < 448; line += 64)
                 _mm_prefetch((const char *)block + 2 * TILE_BYTES + 210 * h + line, _MM_HINT_T0);
-            __m256i q[4], xq[4];
-            broadcast16(x->qs + r * K + s * QK_K + 16 * h, xq);
-            codes(block, h, 0, q);
-            part0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot16(q, xq)), scale(block, d0, h, 0), part0);
-            codes(block, h, 1, q);
-            part1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot16(q, xq)), scale(block, d1, h, 1), part1);
+            for (int g = h; g < h + 2; g++) {
+                __m256i xq[4];
+                broadcast16(xs + 16 * g, xq);
+                part0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot(block, g, 0, xq)), scale(block, d0, g, 0), part0);
+                part1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(half_dot(block, g, 1, xq)), scale(block, d1, g, 1), part1);
+            }
         }
-        const int16_t *sums = x->sums + r * (K / 16) + s * 16;
-        const float xd = x->d[r * (K / QK_K) + s];
-        __m256i paired[8];
-        paired_scales(block, 0, paired);
-        acc0 = close_block(paired, d0, sums, xd, part0, acc0);
-        paired_scales(block, 1, paired);
-        acc1 = close_block(paired, d1, sums, xd, part1, acc1);
+        close_both(block, d0, d1, x->sums + r * (K / 16) + s * 16, x->d[r * (K / QK_K) + s], &part0, &part1, &acc0, &acc1);
     }
     _mm256_storeu_ps(out + r * N + t * TILE_N, acc0);
     _mm256_storeu_ps(out + r * N + t * TILE_N + HALF_N, acc1);

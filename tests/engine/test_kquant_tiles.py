@@ -95,6 +95,28 @@ def test_tiled_kquant_extreme_codes_and_scales_do_not_overflow(ggml_type: Q) -> 
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-3)
 
 
+def test_q6_k_one_row_at_the_widest_int16_sums_is_the_batchs() -> None:
+    """One row alone (the one-row passes, ``row16`` on AVX2, ``row`` on AVX-512) at the AVX2 int16 sums'
+    bound: every code 63 (0xFF: q - 32 = 31), 0 (0x00: q - 32 = -32) or a mix (0x80) against rows at
+    +127, -127 and both; AVX2 sums two codes' vpmaddubsw pairs in int16, unsigned codes, at most
+    2 * 2 * 63 * 127 = 32004 < 2^15 (four would be 64008: saturated, the wrong bits). Bit for bit the
+    rows in a batch (the multi-row tiles), and near the reference."""
+    for fill in (0xFF, 0x00, 0x80):
+        blocks = torch.from_numpy(random_blocks(Q.Q6_K, 32, 512, seed=fill))
+        scales = blocks.clone()
+        blocks.fill_(fill)
+        blocks.view(32, 2, -1)[..., [208, 209]] = scales.view(32, 2, -1)[..., [208, 209]]
+        tiled = ggml_kernels.tile(blocks.clone(), Q.Q6_K)
+        x = torch.tensor([1.0, -1.0, 2.5]).repeat_interleave(512).view(3, 512)
+        x[2, ::3] = -2.5  # mixed signs
+        batch = ggml_kernels.matmul_tiled(x, tiled, Q.Q6_K)
+        torch.testing.assert_close(
+            batch, ggml_kernels.matmul_ref_q8k(x, blocks, Q.Q6_K), rtol=1e-5, atol=1e-3
+        )
+        for i in range(3):
+            assert torch.equal(ggml_kernels.matmul_tiled(x[i : i + 1], tiled, Q.Q6_K)[0], batch[i])
+
+
 def test_a_tied_q6_k_heads_tiles_give_the_embedding_rows_back() -> None:
     raw = random_blocks(Q.Q6_K, 32, 512)
     head = GgmlLinear(torch.from_numpy(raw.copy()), Q.Q6_K, 512, rows_looked_up=True)
