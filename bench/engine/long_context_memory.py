@@ -41,7 +41,6 @@ import httpx
 from bench.engine import cpu_model
 from bench.engine.vs_llamacpp import default_gguf, wait_up
 
-PORT = 18203
 _KV_ITEMSIZE = 2  # float16, both servers' cache type here
 
 
@@ -135,12 +134,12 @@ def commands(args: argparse.Namespace) -> dict[str, list[str]]:
     streams, context, threads = args.streams, args.context_tokens, str(args.threads)
     # A block (16 tokens) a stream of slack: Tern rounds each sequence up to whole blocks.
     kv_gib = tern_kv_gib(args.gguf, streams * (context + 16))
-    tern = [sys.executable, "-m", "tern_cli", "engine", "--model", str(args.gguf), "--port", str(PORT)]
+    tern = [sys.executable, "-m", "tern_cli", "engine", "--model", str(args.gguf), "--port", str(args.port)]
     tern += ["--num-threads", threads, "--max-num-seqs", str(streams)]
     tern += ["--kv-cache-gib", str(kv_gib), *args.tern_args.split()]
     llama = [str(args.llama_server), "-m", str(args.gguf), "-np", str(streams), "-c", str(streams * context)]
-    llama += ["--no-kv-unified", "-t", threads, "-tb", threads, "--host", "127.0.0.1", "--port", str(PORT)]
-    llama += ["--no-webui", *args.llama_args.split()]
+    llama += ["--no-kv-unified", "-t", threads, "-tb", threads, "--host", "127.0.0.1"]
+    llama += ["--port", str(args.port), "--no-webui", *args.llama_args.split()]
     return {"tern": tern, "llama": llama}
 
 
@@ -152,11 +151,11 @@ def kv_log_lines(log: Path) -> list[str]:
 
 
 @contextlib.contextmanager
-def started(cmd: list[str], log: Path, name: str) -> Iterator[subprocess.Popen[bytes]]:
+def started(cmd: list[str], log: Path, name: str, url: str) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         try:
-            wait_up(f"http://127.0.0.1:{PORT}", process, name, timeout_s=900)
+            wait_up(url, process, name, timeout_s=900)
             yield process
         finally:
             process.terminate()
@@ -169,13 +168,14 @@ def started(cmd: list[str], log: Path, name: str) -> Iterator[subprocess.Popen[b
 def measure(args: argparse.Namespace, server: str, prompts: list[str], work: Path) -> dict[str, Any]:
     cmd = commands(args)[server]
     log = work / f"{server}.log"
-    with started(cmd, log, server) as process:
+    url = f"http://127.0.0.1:{args.port}"
+    with started(cmd, log, server, url) as process:
         time.sleep(args.settle)
         idle = status_mb(process.pid)
         sampler = Sampler(process.pid, args.interval)
         sampler.start()
         began = time.monotonic()
-        usages = asyncio.run(requests(f"http://127.0.0.1:{PORT}", prompts, args.max_tokens))
+        usages = asyncio.run(requests(url, prompts, args.max_tokens))
         seconds = time.monotonic() - began
         sampler.done.set()
         sampler.join()
@@ -227,6 +227,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--context-tokens", type=int, default=4096, help="each stream's prompt + output")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--port", type=int, default=18203, help="the server's, each in turn")
     p.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--settle", type=float, default=2.0, help="seconds before the idle and after reads")
     p.add_argument("--tern-args", default="", help="more `tern engine` flags")
