@@ -147,7 +147,8 @@ def kv_log_lines(log: Path) -> list[str]:
     """The server's own lines about its KV cache (llama-server: llama_kv_cache / iswa; Tern: KV cache)."""
     keys = ("llama_kv_cache", "iswa", "KV cache", "n_ctx_seq", "n_swa", "CPU KV buffer")
     lines = log.read_text(errors="replace").splitlines()
-    return [line.strip()[:200] for line in lines if any(k in line for k in keys)][:20]
+    wanted = [line for line in lines if any(k in line for k in keys) and "engine.stats" not in line]
+    return [line.strip()[:200] for line in wanted][:20]
 
 
 @contextlib.contextmanager
