@@ -23,7 +23,7 @@ no sequence holds go first, least recently inserted or hit first (:meth:`_reuse_
 Without that, every page a sequence computed kept its local block (pages are inserted as they are
 computed, while still in the window), and the local pool's resident part grew with every token,
 as if the layers had no window: 16 streams of 4,096 tokens on Gemma-3-1B wrote the local pool's
-4,096 blocks, 1.4 GB, where the windows need about 550 (docs/engine.md, "Gemma-3-1B: 16 streams").
+4,096 blocks, 1.4 GB; now about 650, 223 MB (docs/engine.md, "Gemma-3-1B: 16 streams").
 A hit is used only as far as the local blocks of the window before its end are all kept: the
 longest such prefix of the match (none when the sequence that computed it had already let them go,
 e.g. a prompt longer than the window hit in full: its start is then recomputed). No partial page is
