@@ -144,6 +144,11 @@ BENCHMARKS: dict[str, Bench] = {
         "an engine's resident memory phase by phase: imports, weights, KV pool, heap, after 16 streams",
         "docs/engine.md#resident-memory",
     ),
+    "long-context-memory": Bench(
+        "bench.engine.long_context_memory",
+        "resident memory with 16 streams of 4k-token contexts: Tern against llama-server, one at a time",
+        "docs/engine.md#gemma-3-1b-16-streams-of-4k-token-contexts-resident-memory",
+    ),
 }
 """Name: what it runs, what it backs, whether its results are committed."""
 

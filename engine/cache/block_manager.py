@@ -94,6 +94,7 @@ class BlockManager:
         assert self.local is not None and self.window is not None
         table = seq.local_block_table
         if len(table) < len(seq.block_table):
+            self._reuse_local_before_growing(len(seq.block_table) - len(table))
             table.extend(self.local.allocate(len(seq.block_table) - len(table)))
         first_page = max(0, seq.num_computed_tokens - self.window + 1) // self.block_size
         out = [b for b in table[:first_page] if b >= 0]
@@ -151,6 +152,10 @@ class BlockManager:
 
     def _reclaim(self, num_blocks: int) -> None:
         """Make ``num_blocks`` more blocks free, e.g. by evicting cached prefixes."""
+
+    def _reuse_local_before_growing(self, num_new_blocks: int) -> None:
+        """Before ``num_new_blocks`` sliding-window blocks are taken: a cache may free local blocks
+        it alone holds, so that written ones are handed out before never-written ones."""
 
     def cache_stats(self) -> CacheStats | None:
         """The prefix cache's figures for the metrics; None without one."""
