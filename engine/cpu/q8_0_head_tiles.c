@@ -120,46 +120,54 @@ static void tile_rows(const uint8_t *w, int64_t nb, const HeadRows *q, int64_t M
 #define DPWSSD256(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 
-/* RR rows from r0 against half H of one tile (columns n0 + 8 H .., the first C - 8 H stored). */
+/* RR rows from r0 against halves H0 .. H0 + NH of one tile (columns n0 + 8 H .., the first C - 8 H stored);
+ * one row takes both halves in one pass over the tile's blocks (NH 2), so the tile is read once (as
+ * q8_0_tiled_avx2.c's one row), the same integers and float operations a half. */
 static inline __attribute__((always_inline)) void tile(const uint8_t *w, int64_t nb, const HeadRows *q, int64_t r0,
                                                        int64_t K, int64_t n0, int64_t C, int64_t N, float *out,
-                                                       const int RR, const int H) {
-    __m256 acc[4];
-    for (int i = 0; i < RR; i++) acc[i] = _mm256_setzero_ps();
+                                                       const int RR, const int H0, const int NH) {
+    __m256 acc[2][4];
+    for (int h = 0; h < NH; h++)
+        for (int i = 0; i < RR; i++) acc[h][i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *block = w + b * TILE_N * BLOCK_BYTES;
-        for (int line = 0; line < TILE_N * BLOCK_BYTES && H == 0; line += 64) /* the first half streams it */
+        for (int line = 0; line < TILE_N * BLOCK_BYTES && H0 == 0; line += 64) /* the first half streams it */
             _mm_prefetch((const char *)block + 2 * TILE_N * BLOCK_BYTES + line, _MM_HINT_T0);
-        __m256i dots[4];
-        for (int i = 0; i < RR; i++) dots[i] = _mm256_set1_epi32(q->offsets[(r0 + i) * nb + b]);
+        for (int h = 0; h < NH; h++) {
+            __m256i dots[4];
+            for (int i = 0; i < RR; i++) dots[i] = _mm256_set1_epi32(q->offsets[(r0 + i) * nb + b]);
 #pragma GCC unroll 8
-        for (int k = 0; k < 8; k++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 + 64 * k + 32 * H));
-            const __m256i even = _mm256_and_si256(v, _mm256_set1_epi16(0x00FF)), odd = _mm256_srli_epi16(v, 8);
-            for (int i = 0; i < RR; i++) {
-                const int16_t *xs = q->qs + (r0 + i) * K + b * QK + 4 * k;
-                dots[i] = DPWSSD256(dots[i], even, _mm256_set1_epi32(pair(xs)));
-                dots[i] = DPWSSD256(dots[i], odd, _mm256_set1_epi32(pair(xs + 2)));
-                __asm__("" : "+x"(dots[i])); /* no reassociation into a tree of 64 live sums (GCC 12) */
+            for (int k = 0; k < 8; k++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(block + 32 + 64 * k + 32 * (H0 + h)));
+                const __m256i even = _mm256_and_si256(v, _mm256_set1_epi16(0x00FF)), odd = _mm256_srli_epi16(v, 8);
+                for (int i = 0; i < RR; i++) {
+                    const int16_t *xs = q->qs + (r0 + i) * K + b * QK + 4 * k;
+                    dots[i] = DPWSSD256(dots[i], even, _mm256_set1_epi32(pair(xs)));
+                    dots[i] = DPWSSD256(dots[i], odd, _mm256_set1_epi32(pair(xs + 2)));
+                    __asm__("" : "+x"(dots[i])); /* no reassociation into a tree of 64 live sums (GCC 12) */
+                }
             }
+            const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * (H0 + h))));
+            for (int i = 0; i < RR; i++) acc[h][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i]), dw, acc[h][i]);
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * H)));
-        for (int i = 0; i < RR; i++) acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i]), dw, acc[i]);
     }
-    const int64_t stored = C - 8 * H < 8 ? C - 8 * H : 8;
-    if (stored <= 0) return;
-    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)stored), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int i = 0; i < RR; i++) {
-        const __m256 row = _mm256_mul_ps(acc[i], _mm256_set1_ps(q->d[r0 + i]));
-        _mm256_maskstore_ps(out + (r0 + i) * N + n0 + 8 * H, lanes, row);
+    for (int h = 0; h < NH; h++) {
+        const int64_t stored = C - 8 * (H0 + h) < 8 ? C - 8 * (H0 + h) : 8;
+        if (stored <= 0) return;
+        const __m256i lanes =
+            _mm256_cmpgt_epi32(_mm256_set1_epi32((int)stored), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        for (int i = 0; i < RR; i++) {
+            const __m256 row = _mm256_mul_ps(acc[h][i], _mm256_set1_ps(q->d[r0 + i]));
+            _mm256_maskstore_ps(out + (r0 + i) * N + n0 + 8 * (H0 + h), lanes, row);
+        }
     }
 }
 
 /* Both halves of the tile against rows r0 .. r0 + RR (the rows' codes stay in cache between them). */
 #define HALVES(RR)                                     \
     do {                                               \
-        tile(w, nb, q, r0, K, n0, C, N, out, RR, 0);   \
-        tile(w, nb, q, r0, K, n0, C, N, out, RR, 1);   \
+        tile(w, nb, q, r0, K, n0, C, N, out, RR, 0, 1); \
+        tile(w, nb, q, r0, K, n0, C, N, out, RR, 1, 1); \
     } while (0)
 
 static void tile_rows(const uint8_t *w, int64_t nb, const HeadRows *q, int64_t M, int64_t n0, int64_t C, int64_t N,
@@ -170,7 +178,7 @@ static void tile_rows(const uint8_t *w, int64_t nb, const HeadRows *q, int64_t M
     switch (M - r0) {
     case 3: HALVES(3); break;
     case 2: HALVES(2); break;
-    case 1: HALVES(1); break;
+    case 1: tile(w, nb, q, r0, K, n0, C, N, out, 1, 0, 2); break;
     default: break;
     }
 }
