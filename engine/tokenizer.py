@@ -9,6 +9,7 @@ Llama 2, Mistral, Phi-3, Gemma 3), rebuilt as a `tokenizers` BPE whose merges fo
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -18,13 +19,10 @@ from tokenizers import Tokenizer as Backend
 
 from engine.chat_template import render_chat
 
-# GGUF token types (llama.cpp's llama_token_type).
-_NORMAL = 1
-_UNKNOWN = 2
-_CONTROL = 3
-_USER_DEFINED = 4
-_UNUSED = 5
-_BYTE = 6
+_log = logging.getLogger(__name__)
+
+# GGUF token types (llama.cpp's llama_token_type; 5 is unused, 6 a byte).
+_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED = 1, 2, 3, 4
 _GGUF_TOKENIZERS = "'gpt2' (byte-level BPE) and 'llama' (SentencePiece BPE)"
 SPACE = "\u2581"
 """SentencePiece's spelling of a space inside its tokens."""
@@ -54,6 +52,9 @@ _PRE_TOKENIZER_SPLITS = {
 }
 # Pre-tokenizers that split every digit on its own before GPT-2's regex (llama.cpp's "smollm").
 _DIGIT_SPLITTING = {"smollm"}
+# Pre-tokenizers whose merges were learned on GPT-2's own split. Any other name is warned about and split
+# so too: llama.cpp refuses such a file; its text may still tokenize well enough to serve.
+_GPT2_SPLITTING = {"default", "gpt-2", "gpt2", "phi-2"}
 
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -354,6 +355,8 @@ def _byte_level_bpe(tokens: list[str], merges: list[str], pre: str | None) -> Ba
             [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
         )
     else:
+        if pre not in _GPT2_SPLITTING:
+            _log.warning("GGUF pre-tokenizer %r is unknown: split with GPT-2's regex, tokens may differ", pre)
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return backend

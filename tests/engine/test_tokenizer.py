@@ -180,3 +180,23 @@ def test_phi4_minis_gpt4o_split() -> None:
         pieces[pre] = [piece for piece, _ in backend.pre_tokenizer.pre_tokenize_str(text)]
     assert pieces["gpt-4o"] == ["Hello", "World's", "Ġ", "123", "45", "Ġdon't"]
     assert pieces["gpt2"] == ["HelloWorld", "'s", "Ġ12345", "Ġdon", "'t"]
+
+
+def test_unknown_pre_tokenizer_is_warned_about(caplog: pytest.LogCaptureFixture) -> None:
+    """An unknown `tokenizer.ggml.pre` falls back to GPT-2's split, which may cut text differently from
+    the model's own: the log says so, once per load; known names and GPT-2's own say nothing."""
+    from tests.engine.test_loader_gguf import BYTE_TOKENS
+
+    metadata = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.tokens": BYTE_TOKENS,
+        "tokenizer.ggml.merges": [],
+    }
+    for pre in ("gpt-2", "smollm", "llama-bpe", "qwen2"):
+        Tokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.pre": pre})
+    assert not [r for r in caplog.records if "pre-tokenizer" in r.getMessage()]
+    with caplog.at_level("WARNING", logger="engine.tokenizer"):
+        Tokenizer.from_gguf_metadata({**metadata, "tokenizer.ggml.pre": "some-new-model"})
+        Tokenizer.from_gguf_metadata(metadata)  # no pre at all: an old conversion
+    warned = [r.getMessage() for r in caplog.records if "pre-tokenizer" in r.getMessage()]
+    assert len(warned) == 2 and "'some-new-model' is unknown" in warned[0] and "None is unknown" in warned[1]
