@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from typing import Any
 import httpx
 
 from bench.engine import cpu_model
+from bench.engine.openai_load import emit
 from bench.engine.vs_llamacpp import default_gguf, wait_up
 
 _KV_ITEMSIZE = 2  # float16, both servers' cache type here
@@ -249,11 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         logs = args.log_dir or Path(tmp)
         logs.mkdir(parents=True, exist_ok=True)
         for server in args.servers:
-            line = json.dumps(measure(args, server, prompts, logs))
-            print(line, flush=True)
-            if args.out is not None:
-                with args.out.open("a") as handle:
-                    handle.write(line + "\n")
+            emit(measure(args, server, prompts, logs), args.out)
     return 0
 
 

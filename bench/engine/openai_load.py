@@ -182,12 +182,17 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     prompts: list[str] = json.loads(Path(args.prompts).read_text())
-    line = json.dumps(asyncio.run(run(args, prompts)))
-    print(line, flush=True)
-    if args.out is not None:
-        with args.out.open("a") as handle:
-            handle.write(line + "\n")
+    emit(asyncio.run(run(args, prompts)), args.out)
     return 0
+
+
+def emit(record: dict[str, Any], out: Path | None) -> None:
+    """Print ``record`` as one JSON line, and append it to ``out`` when given."""
+    line = json.dumps(record)
+    print(line, flush=True)
+    if out is not None:
+        with out.open("a") as handle:
+            handle.write(line + "\n")
 
 
 if __name__ == "__main__":

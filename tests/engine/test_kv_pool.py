@@ -78,15 +78,8 @@ def test_an_idle_engine_gives_back_its_free_blocks_and_tokens_do_not_change(tmp_
     path = write_family_gguf(tiny_family_model("gemma3"), "gemma3", tmp_path / "tiny.gguf")
 
     def engine() -> LLMEngine:
-        loaded = load_model(path, progress=False)
         config = EngineConfig(device="cpu", num_kv_blocks=64, num_threads=1)
-        return LLMEngine(
-            config,
-            model=loaded.model,
-            tokenizer=loaded.tokenizer,
-            model_config=loaded.config,
-            model_name=loaded.name,
-        )
+        return LLMEngine.from_loaded(config, load_model(path, progress=False))
 
     prompts = [[(7 * i + j) % 250 + 3 for i in range(40)] for j in range(3)]
     sampling = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
